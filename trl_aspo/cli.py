@@ -1,0 +1,80 @@
+"""The `trl-aspo` command.
+
+    trl-aspo train --config X.yaml [--key value ...]                  # one process, in this interpreter
+    trl-aspo train --num_processes 8 --config X.yaml                   # through `accelerate launch`
+    trl-aspo train --accelerate_config zero3.yaml --config X.yaml      # DeepSpeed / FSDP via an accelerate config
+    trl-aspo evaluate --model builtin:tiny-calculator [--config X.yaml] [--key value ...]
+
+Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--multi_gpu`) must come before
+`--config`; everything else goes to the training script, whose `--help` lists every field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+LAUNCH_FLAGS = {
+    "--num_processes": True,
+    "--accelerate_config": True,
+    "--main_process_port": True,
+    "--multi_gpu": False,
+}
+
+
+def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Separate `accelerate launch` flags from the training script's arguments."""
+    launch, rest = [], []
+    index = 0
+    while index < len(argv):
+        flag = argv[index]
+        if flag in LAUNCH_FLAGS:
+            takes_value = LAUNCH_FLAGS[flag]
+            if takes_value and index + 1 >= len(argv):
+                raise SystemExit(f"trl-aspo train: {flag} needs a value")
+            name = "--config_file" if flag == "--accelerate_config" else flag
+            launch += [name, argv[index + 1]] if takes_value else [name]
+            index += 2 if takes_value else 1
+        else:
+            rest.append(flag)
+            index += 1
+    return launch, rest
+
+
+def train(argv: list[str]) -> int:
+    launch, script_args = split_launch_args(argv)
+    if not launch:
+        from .train import main as train_main
+
+        train_main(script_args)
+        return 0
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.train", *script_args]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="trl-aspo",
+        description="ASPO / tool-position shaping / SPO++ training on top of TRL's GRPOTrainer.",
+        epilog="Run `trl-aspo train --help` or `trl-aspo evaluate --help` for every option.",
+    )
+    parser.add_argument("command", choices=["train", "evaluate"], help="what to run")
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        return train(rest)
+    if command == "evaluate":
+        from .evaluate_cli import main as evaluate_main
+
+        return evaluate_main(rest)
+    parser.error(f"unknown command {command!r}; choose 'train' or 'evaluate'")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,400 @@
+"""`ASPOConfig`: TRL's `GRPOConfig` plus the switches of the three methods trl-aspo adds.
+
+Every field has a help text (shown by `trl-aspo train --help` and in the README's configuration reference) and is
+validated in `__post_init__`; an invalid value raises a `ValueError` that names the field and what is allowed.
+With every new switch at its default, the configuration means exactly what the same `GRPOConfig` means.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+ADVANTAGE_ESTIMATORS = ("group", "spo", "spo++")
+ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
+ASPO_AGGREGATIONS = ("token", "sequence")
+VALUE_RHO_MODES = ("constant", "kl")
+SINGLE_STREAM_ESTIMATORS = ("spo", "spo++")
+
+
+@dataclass
+class ASPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`ASPOTrainer`]: every [`~trl.GRPOConfig`] field, plus the fields below.
+
+    Asymmetric importance-sampling loss (Wang et al. 2025, arXiv 2510.06062), selected with `loss_type="aspo"`;
+    `epsilon` / `epsilon_high` keep their TRL meaning (hard-clip offsets below / above 1).
+    Tool-position advantage shaping (Lin & Xu 2025, arXiv 2508.19201), switched on with `tool_shaping=True`.
+    Single-stream value tracking (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870), selected with
+    `advantage_estimator="spo"` or `"spo++"`; with these, `num_generations=1` is allowed.
+    """
+
+    # --- Asymmetric IS loss -------------------------------------------------------------------------------------
+    aspo_dual_clip: float = field(
+        default=3.0,
+        metadata={
+            "help": "Soft dual-clip constant C (> 1) of the aspo loss: a positive-advantage token whose ratio falls "
+            "below 1/C, or a negative-advantage token whose ratio rises above C, keeps a constant gradient weight C "
+            "instead of an unbounded one."
+        },
+    )
+    aspo_aggregation: str = field(
+        default="token",
+        metadata={
+            "help": "How the aspo loss turns per-token terms into one number: 'token' = mean over every action token "
+            "of the generation batch (TRL's 'dapo' normalizer), 'sequence' = mean over completions of each "
+            "completion's token mean (TRL's 'grpo').",
+            "choices": list(ASPO_AGGREGATIONS),
+        },
+    )
+    aspo_entropy_quantile: float | None = field(
+        default=None,
+        metadata={
+            "help": "Entropy-split clipping: tokens whose entropy is above this quantile of their completion's token "
+            "entropies use the wider offsets `aspo_epsilon_high_entropy`. None = off; the reference uses 0.8. "
+            "Must lie in (0, 1)."
+        },
+    )
+    aspo_epsilon_high_entropy: float = field(
+        default=0.4,
+        metadata={
+            "help": "Hard-clip offset (both sides) for high-entropy tokens when `aspo_entropy_quantile` is set. "
+            "Must be > 0."
+        },
+    )
+    aspo_flip_threshold_start: float = field(
+        default=0.0,
+        metadata={
+            "help": "Progressive flip: a positive-advantage token gets the flipped ratio only where its advantage "
+            "exceeds a threshold that falls linearly from this value to 0 over `aspo_flip_decay_steps` steps; the "
+            "others use the standard clipped ratio. 0 = flip every positive token from the start. Must be >= 0."
+        },
+    )
+    aspo_flip_decay_steps: int = field(
+        default=0,
+        metadata={"help": "Optimizer steps over which the progressive-flip threshold decays to 0. Must be >= 0."},
+    )
+    aspo_unflipped_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of completions (drawn each generation round) whose positive-advantage tokens keep the "
+            "standard clipped ratio instead of the flip. Must lie in [0, 1]."
+        },
+    )
+    aspo_adaptive_kl_beta: float | None = field(
+        default=None,
+        metadata={
+            "help": "Adaptive KL: while the mean token entropy of the last optimizer step is below "
+            "`aspo_adaptive_kl_entropy_target`, the KL coefficient is raised from `beta` to this value (the "
+            "reference raises 0.05 to 0.1). None = off. Needs beta > 0 (so a reference model is loaded) and must be "
+            ">= beta."
+        },
+    )
+    aspo_adaptive_kl_entropy_target: float = field(
+        default=0.3,
+        metadata={"help": "Mean token entropy (nats) under which the adaptive KL coefficient applies. Must be > 0."},
+    )
+
+    # --- Tool-position advantage shaping ------------------------------------------------------------------------
+    tool_shaping: bool = field(
+        default=False,
+        metadata={
+            "help": "Add a clipped bonus to the advantage of correct completions that call their tool earlier than "
+            "their peers (same prompt group; the whole batch with one completion per prompt). Applied last, after "
+            "baseline and normalization."
+        },
+    )
+    tool_shaping_delta: float = field(
+        default=-2.0,
+        metadata={
+            "help": "Shaping scale delta: bias = delta * (position - mean position) / mean length. Negative means "
+            "earlier calls are better (paper default -2.0; aggressive -2.5). Must be non-zero."
+        },
+    )
+    tool_shaping_k: float = field(
+        default=0.7,
+        metadata={
+            "help": "The bias is clipped to +-k*|advantage|, so shaping never flips the sign of a correct "
+            "completion's advantage when k < 1 (paper default 0.7; aggressive 0.9). Must be >= 0."
+        },
+    )
+    tool_shaping_correct_threshold: float = field(
+        default=0.5,
+        metadata={
+            "help": "A completion counts as correct when its reward is above this value: the weighted total reward, "
+            "or the reward of `tool_shaping_correct_reward` if that is set."
+        },
+    )
+    tool_shaping_correct_reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the reward function (as in the logged `rewards/<name>` metrics) whose value decides "
+            "correctness. None = the weighted total reward."
+        },
+    )
+    tool_call_opener: str = field(
+        default="<tool_call>",
+        metadata={
+            "help": "Text that opens a tool call in the chat template (Qwen-style `<tool_call>`); its token ids mark "
+            "the first call with TRL's native `tools=` / `environment_factory=`."
+        },
+    )
+    tool_call_pattern: str | None = field(
+        default=None,
+        metadata={
+            "help": "Regular expression marking a tool call in the decoded completion, for tools embedded in text "
+            "(for example '```python' blocks run by a custom rollout). When set, it replaces `tool_call_opener`."
+        },
+    )
+    tool_shaping_interactive_bonus: float = field(
+        default=0.0,
+        metadata={
+            "help": "Optional extra bonus per interactive turn (a tool call preceded by model text) for completions "
+            "with positive advantage, as a fraction of |advantage|. 0 = off. Must be >= 0."
+        },
+    )
+    tool_shaping_penalty: str | None = field(
+        default=None,
+        metadata={
+            "help": "Optional dotted path to a callable penalizing inappropriate tool use: called with the "
+            "completion texts and tool statistics, returns one penalty per completion, subtracted from the "
+            "advantage. None = off."
+        },
+    )
+
+    # --- Single-stream value tracking ---------------------------------------------------------------------------
+    advantage_estimator: str = field(
+        default="group",
+        metadata={
+            "help": "Baseline of the advantage: 'group' = TRL's mean over the completions of the same prompt; 'spo' "
+            "= a persistent per-prompt Beta value tracker with per-visit forgetting; 'spo++' = the tracker with "
+            "evidence aged by policy events. 'spo'/'spo++' allow num_generations=1.",
+            "choices": list(ADVANTAGE_ESTIMATORS),
+        },
+    )
+    advantage_normalization: str | None = field(
+        default=None,
+        metadata={
+            "help": "How advantages are scaled after the baseline: 'group' = TRL's `scale_rewards` behaviour (only "
+            "with the group estimator); 'batch' = (A - mean) / std over the generation batch; 'token' = the same "
+            "under the action-token measure (each completion weighted by its action-token count, SPO++). None = "
+            "'group' for the group estimator, 'batch' for spo, 'token' for spo++.",
+            "choices": [*ADVANTAGE_NORMALIZATIONS, None],
+        },
+    )
+    value_rho: float = field(
+        default=0.875,
+        metadata={"help": "Forgetting factor of the value tracker (constant mode and spo++). Must lie in (0, 1]."},
+    )
+    value_rho_mode: str = field(
+        default="constant",
+        metadata={
+            "help": "spo only: 'constant' uses `value_rho` and costs nothing; 'kl' sets rho per completion from "
+            "the policy change across the update that used it, rho = clip(2^(-D / value_kl_half), value_rho_min, "
+            "value_rho_max), which costs one extra log-prob pass of the completions after the update.",
+            "choices": list(VALUE_RHO_MODES),
+        },
+    )
+    value_kl_half: float = field(
+        default=0.06,
+        metadata={"help": "KL-adaptive rho: mean |log-prob change| at which the evidence halves. Must be > 0."},
+    )
+    value_rho_min: float = field(
+        default=0.875, metadata={"help": "KL-adaptive rho: lower bound. Must lie in (0, value_rho_max]."}
+    )
+    value_rho_max: float = field(default=0.96, metadata={"help": "KL-adaptive rho: upper bound. Must be <= 1."})
+    value_prior_strength: float = field(
+        default=8.0,
+        metadata={
+            "help": "Pseudo-count N0 of the tracker's initialization from counts: a prompt with s successes in n0 "
+            "samples starts at Beta(N0 (s+0.5)/(n0+1), N0 (n0-s+0.5)/(n0+1)). 8 = 1/(1-rho_min). Must be > 0."
+        },
+    )
+    value_init_samples: int = field(
+        default=0,
+        metadata={
+            "help": "Completions per prompt drawn with the starting policy before training to initialize the "
+            "tracker (0 = no pre-pass: unseen prompts start at Beta(0.5, 0.5)). Must be >= 0."
+        },
+    )
+    value_init_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "JSON file of initial counts: a list of {'prompt_id' or 'prompt': ..., 'successes': s, "
+            "'trials': n} records. Used instead of the pre-pass."
+        },
+    )
+    value_reward_range: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "The tracker needs rewards in [0, 1]. For rewards in another known range [lo, hi], give "
+            "`[lo, hi]` and they are mapped linearly to [0, 1] for the tracker. None = rewards outside [0, 1] are "
+            "an error."
+        },
+    )
+    prompt_id_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Dataset column that identifies a prompt for the value tracker. None = a stable content hash of "
+            "the prompt (identical across processes and restarts)."
+        },
+    )
+    prioritized_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "Draw each round's prompts without replacement with weight sqrt(v (1 - v)) + priority_epsilon "
+            "from the tracker's values (spo/spo++ only). The data loader reads one round ahead, so priorities act "
+            "with a lag of one round."
+        },
+    )
+    priority_epsilon: float = field(
+        default=0.05,
+        metadata={"help": "Floor added to every prompt's sampling weight, so no prompt starves. Must be > 0."},
+    )
+
+    def __post_init__(self):
+        self._validate_aspo_fields()
+        single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
+        if single_stream:
+            # GRPOConfig refuses num_generations < 2 because its group baseline needs two samples; the tracker
+            # does not. Pass its check with the smallest group, then restore the user's value.
+            self.num_generations = 2
+        try:
+            super().__post_init__()
+        finally:
+            if single_stream:
+                self.num_generations = 1
+                self.num_generations_eval = self.num_generations_eval or 1
+
+    def _validate_aspo_fields(self) -> None:
+        def require(condition: bool, name: str, allowed: str) -> None:
+            if not condition:
+                raise ValueError(f"ASPOConfig.{name}={getattr(self, name)!r} is invalid: {allowed}.")
+
+        def finite(value) -> bool:
+            return isinstance(value, int | float) and math.isfinite(value)
+
+        require(finite(self.aspo_dual_clip) and self.aspo_dual_clip > 1, "aspo_dual_clip", "must be a number > 1")
+        require(self.aspo_aggregation in ASPO_AGGREGATIONS, "aspo_aggregation", f"must be one of {ASPO_AGGREGATIONS}")
+        require(
+            self.aspo_entropy_quantile is None
+            or (finite(self.aspo_entropy_quantile) and 0 < self.aspo_entropy_quantile < 1),
+            "aspo_entropy_quantile",
+            "must be None or lie in (0, 1)",
+        )
+        require(
+            finite(self.aspo_epsilon_high_entropy) and self.aspo_epsilon_high_entropy > 0,
+            "aspo_epsilon_high_entropy",
+            "must be > 0",
+        )
+        require(
+            finite(self.aspo_flip_threshold_start) and self.aspo_flip_threshold_start >= 0,
+            "aspo_flip_threshold_start",
+            "must be >= 0",
+        )
+        require(self.aspo_flip_decay_steps >= 0, "aspo_flip_decay_steps", "must be >= 0")
+        require(
+            finite(self.aspo_unflipped_fraction) and 0 <= self.aspo_unflipped_fraction <= 1,
+            "aspo_unflipped_fraction",
+            "must lie in [0, 1]",
+        )
+        if self.aspo_adaptive_kl_beta is not None:
+            require(
+                finite(self.aspo_adaptive_kl_beta) and self.beta > 0 and self.aspo_adaptive_kl_beta >= self.beta,
+                "aspo_adaptive_kl_beta",
+                f"needs beta > 0 (got beta={self.beta}) and must be >= beta",
+            )
+        require(self.aspo_adaptive_kl_entropy_target > 0, "aspo_adaptive_kl_entropy_target", "must be > 0")
+        if self.loss_type == "aspo":
+            require(
+                self.importance_sampling_level == "token",
+                "importance_sampling_level",
+                "must be 'token' with loss_type='aspo' (the flip acts on per-token ratios)",
+            )
+            require(
+                self.entropy_coef == 0 and not self.use_adaptive_entropy,
+                "entropy_coef",
+                "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
+            )
+
+        require(finite(self.tool_shaping_delta) and self.tool_shaping_delta != 0, "tool_shaping_delta", "must be != 0")
+        require(finite(self.tool_shaping_k) and self.tool_shaping_k >= 0, "tool_shaping_k", "must be >= 0")
+        require(finite(self.tool_shaping_correct_threshold), "tool_shaping_correct_threshold", "must be finite")
+        require(bool(self.tool_call_opener), "tool_call_opener", "must be a non-empty string")
+        if self.tool_call_pattern is not None:
+            import re
+
+            try:
+                re.compile(self.tool_call_pattern)
+            except re.error as error:
+                raise ValueError(
+                    f"ASPOConfig.tool_call_pattern={self.tool_call_pattern!r} is not a valid regular expression: "
+                    f"{error}."
+                ) from None
+        require(self.tool_shaping_interactive_bonus >= 0, "tool_shaping_interactive_bonus", "must be >= 0")
+
+        require(
+            self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+            "advantage_estimator",
+            f"must be one of {ADVANTAGE_ESTIMATORS}",
+        )
+        if self.advantage_normalization is None:
+            self.advantage_normalization = {"group": "group", "spo": "batch", "spo++": "token"}[
+                self.advantage_estimator
+            ]
+        require(
+            self.advantage_normalization in ADVANTAGE_NORMALIZATIONS,
+            "advantage_normalization",
+            f"must be one of {ADVANTAGE_NORMALIZATIONS}",
+        )
+        single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS
+        require(
+            not (single_stream and self.advantage_normalization == "group"),
+            "advantage_normalization",
+            f"'group' scaling needs prompt groups; with advantage_estimator={self.advantage_estimator!r} use "
+            "'batch' or 'token'",
+        )
+        require(
+            single_stream or self.num_generations is None or self.num_generations >= 2,
+            "num_generations",
+            "the group baseline needs at least 2 completions per prompt; num_generations=1 requires "
+            "advantage_estimator='spo' or 'spo++'",
+        )
+        require(
+            not (single_stream and self.multi_objective_aggregation != "sum_then_normalize"),
+            "multi_objective_aggregation",
+            "the value tracker learns the weighted total reward, so it must be 'sum_then_normalize'",
+        )
+        require(finite(self.value_rho) and 0 < self.value_rho <= 1, "value_rho", "must lie in (0, 1]")
+        require(self.value_rho_mode in VALUE_RHO_MODES, "value_rho_mode", f"must be one of {VALUE_RHO_MODES}")
+        require(
+            not (self.value_rho_mode == "kl" and self.advantage_estimator != "spo"),
+            "value_rho_mode",
+            "'kl' applies to per-visit forgetting, so it needs advantage_estimator='spo'",
+        )
+        require(self.value_kl_half > 0, "value_kl_half", "must be > 0")
+        require(self.value_rho_max <= 1, "value_rho_max", "must be <= 1")
+        require(0 < self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
+        require(self.value_prior_strength > 0, "value_prior_strength", "must be > 0")
+        require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
+        require(
+            not (self.value_init_samples > 0 and self.value_init_file is not None),
+            "value_init_file",
+            "give either value_init_file or value_init_samples > 0, not both",
+        )
+        if self.value_reward_range is not None:
+            require(
+                len(self.value_reward_range) == 2
+                and all(finite(x) for x in self.value_reward_range)
+                and self.value_reward_range[0] < self.value_reward_range[1],
+                "value_reward_range",
+                "must be two finite numbers [lo, hi] with lo < hi",
+            )
+        require(
+            not (self.prioritized_sampling and not single_stream),
+            "prioritized_sampling",
+            "priorities come from the value tracker, so it needs advantage_estimator='spo' or 'spo++'",
+        )
+        require(finite(self.priority_epsilon) and self.priority_epsilon > 0, "priority_epsilon", "must be > 0")

@@ -1,0 +1,537 @@
+"""`ASPOTrainer`: TRL's `GRPOTrainer` conducting the pure functions of trl-aspo.
+
+The trainer only gathers data across ranks, calls the functions of `losses`, `shaping`, `tool_metrics`, `tracker`,
+`normalize` and `sampler`, and logs. Per generation round (see DESIGN.md, "Data flow"):
+
+    prompts --(sampler)--> TRL generation and rewards --> baseline (group mean | tracker value frozen at dispatch)
+      --> normalization (group | batch | token measure) --> tool-position shaping --> per-token loss (TRL | aspo)
+      --> the tracker observes the round's outcomes before the next dispatch
+
+With every switch of `ASPOConfig` at its default the trainer computes exactly what `GRPOTrainer` computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+
+import torch
+from accelerate.utils import gather_object
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOConfig, GRPOTrainer
+
+from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
+from .losses import (
+    aggregate_loss,
+    asymmetric_policy_loss,
+    entropy_split_mask,
+    progressive_flip_threshold,
+    repetition_rate,
+    unflipped_sample_mask,
+)
+from .normalize import batch_normalize, token_measure_normalize
+from .prompt_ids import prompt_key, prompt_keys
+from .sampler import PrioritizedRepeatSampler, effective_num_prompts, priority_weights
+from .shaping import CallablePenalty, InteractiveTurnBonus, tool_position_bias
+from .tool_metrics import (
+    first_tool_call_positions,
+    regex_tool_call_positions,
+    resolve_call_token_ids,
+    tool_call_metrics,
+)
+from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
+
+STATE_FILE = "aspo_state.pt"
+# Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def _as_aspo_config(args: GRPOConfig) -> GRPOConfig:
+    """Give a plain `GRPOConfig` the ASPOConfig fields at their defaults (every new feature off)."""
+    for config_field in dataclasses.fields(ASPOConfig):
+        if not hasattr(args, config_field.name):
+            setattr(args, config_field.name, config_field.default)
+    if args.advantage_normalization is None:
+        args.advantage_normalization = "group"
+    return args
+
+
+def _import_callable(dotted_path: str, field_name: str):
+    module_name, _, attribute = dotted_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ValueError(f"ASPOConfig.{field_name}={dotted_path!r} could not be imported: {error}") from None
+
+
+class ASPOTrainer(GRPOTrainer):
+    """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
+    advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).
+
+    Takes exactly `GRPOTrainer`'s arguments. `model` may also name a built-in model (`"builtin:tiny-calculator"`,
+    `"builtin:tiny-random"`), loaded locally with its tokenizer.
+    """
+
+    _tag_names = ["trl", "grpo", "aspo"]
+    _name = "ASPO"
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *positional, **kwargs):
+        if isinstance(model, str) and model.startswith("builtin:"):
+            from .builtin import load_builtin
+
+            model, tokenizer = load_builtin(model)
+            if kwargs.get("processing_class") is None and len(positional) < 3:
+                kwargs["processing_class"] = tokenizer
+        if args is None:
+            model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
+            args = ASPOConfig(f"{model_name.split('/')[-1]}-ASPO")
+        args = _as_aspo_config(args)
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+
+        self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
+        self._value_event = 0
+        self._pending_visit = None
+        if args.advantage_estimator == "spo++":
+            self._value_tracker = EventValueTracker(rho=args.value_rho)
+        elif args.advantage_estimator == "spo":
+            self._value_tracker = VisitValueTracker()
+        else:
+            self._value_tracker = None
+        if self._value_tracker is not None and args.value_init_file is not None:
+            self._init_values_from_file(args.value_init_file)
+
+        self._call_token_ids = resolve_call_token_ids(self.processing_class, args.tool_call_opener)
+        self._shaping_hooks = []
+        if args.tool_shaping_interactive_bonus > 0:
+            self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
+        if args.tool_shaping_penalty is not None:
+            self._shaping_hooks.append(
+                CallablePenalty(_import_callable(args.tool_shaping_penalty, "tool_shaping_penalty"))
+            )
+        if (
+            args.tool_shaping_correct_reward is not None
+            and args.tool_shaping_correct_reward not in self.reward_func_names
+        ):
+            raise ValueError(
+                f"ASPOConfig.tool_shaping_correct_reward={args.tool_shaping_correct_reward!r} names no reward "
+                f"function; the reward functions are {self.reward_func_names}."
+            )
+        self._aspo_kl_coef = self.beta
+        self._aspo_entropy_window = None
+
+    # ---------------------------------------------------------------- sampling
+    def _get_train_sampler(self, dataset=None):
+        if not self.args.prioritized_sampling:
+            return super()._get_train_sampler(dataset)
+        dataset = self.train_dataset if dataset is None else dataset
+        self._dataset_keys = self._keys_of_rows(dataset)
+        self._priority_sampler = PrioritizedRepeatSampler(
+            len(dataset),
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            seed=self.args.seed,
+            epsilon=self.args.priority_epsilon,
+        )
+        self._refresh_priorities()
+        return self._priority_sampler
+
+    def _keys_of_rows(self, dataset) -> list[str]:
+        column = self.args.prompt_id_column
+        if column is not None:
+            if column not in dataset.column_names:
+                raise ValueError(
+                    f"ASPOConfig.prompt_id_column={column!r} is not a dataset column; columns: {dataset.column_names}."
+                )
+            return [str(value) for value in dataset[column]]
+        return [prompt_key(prompt) for prompt in dataset["prompt"]]
+
+    def _refresh_priorities(self) -> None:
+        if getattr(self, "_priority_sampler", None) is None:
+            return
+        values = self._tracker_values(self._dataset_keys)
+        self._priority_sampler.weights = priority_weights(values, epsilon=self.args.priority_epsilon)
+
+    def _tracker_values(self, keys: list[str]) -> torch.Tensor:
+        if isinstance(self._value_tracker, EventValueTracker):
+            return self._value_tracker.value(keys, self._value_event)
+        return self._value_tracker.value(keys)
+
+    # ---------------------------------------------------------------- advantages
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Kept for the advantage step: TRL computes its group baseline inline and does not return the gathered rewards.
+        self._gathered_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._gathered_rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        if mode == "train" and self._single_stream:
+            self._observe_pending_visit()
+            keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
+            dispatch_values = self._tracker_values(keys).float()
+        output = super()._generate_and_score_completions(inputs)
+        if mode != "train":
+            return output
+
+        device = self.accelerator.device
+        action_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        tool_stats = self._tool_statistics(output, action_mask)  # (N, 4) gathered: position, length, calls, turns
+        rewards_per_func = self._gathered_rewards_per_func
+        rewards = (rewards_per_func * self.reward_weights.to(device)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        scorable = ~torch.isnan(rewards)
+
+        if self._single_stream:
+            outcomes = self._rewards_for_tracker(rewards)
+            centered = outcomes - dispatch_values.to(device)
+            self._log_tracker_metrics(dispatch_values)
+        else:
+            grouped = rewards.view(-1, self.num_generations)
+            centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+        centered = torch.where(scorable, centered, torch.zeros_like(centered))
+        self._metrics[mode]["zero_advantage_share"].append(
+            torch.isclose(centered, torch.zeros_like(centered)).float().mean().item()
+        )
+
+        rewrite = self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping
+        if rewrite:
+            advantages = self._normalize(centered, output, tool_stats[:, 1])
+            if self.args.tool_shaping:
+                advantages = self._shape(advantages, rewards_per_func, rewards, tool_stats, output)
+            advantages = torch.where(scorable, advantages, torch.zeros_like(advantages))
+            output["advantages"] = self._local_slice(advantages, inputs)
+            # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
+            self._logs["advantages"].extend(advantages.tolist())
+
+        if self._single_stream:
+            self._observe(keys, outcomes, scorable, output)
+        if self.loss_type == "aspo" and self.args.aspo_unflipped_fraction > 0:
+            generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
+            draw = unflipped_sample_mask(len(rewards), self.args.aspo_unflipped_fraction, generator)
+            output["aspo_unflipped"] = self._local_slice(draw, inputs)
+        completion_repeats = repetition_rate(output["completion_ids"], action_mask)
+        self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
+        self._value_event += 1
+        return output
+
+    def _local_slice(self, gathered: torch.Tensor, inputs) -> torch.Tensor:
+        start = self.accelerator.process_index * len(inputs)
+        return gathered[start : start + len(inputs)].to(self.accelerator.device)
+
+    def _normalize(self, centered: torch.Tensor, output, lengths: torch.Tensor) -> torch.Tensor:
+        normalization = self.args.advantage_normalization
+        if normalization == "group":
+            return self.accelerator.gather(output["advantages"])
+        if normalization == "batch":
+            return batch_normalize(centered)
+        return token_measure_normalize(centered, lengths)
+
+    def _tool_statistics(self, output, action_mask: torch.Tensor) -> torch.Tensor:
+        if self.args.tool_call_pattern is not None:
+            texts = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=False)
+            stats = regex_tool_call_positions(
+                texts,
+                output["completion_ids"],
+                self.processing_class,
+                self.args.tool_call_pattern,
+                output.get("tool_mask"),
+            )
+        else:
+            stats = first_tool_call_positions(
+                output["completion_ids"], output.get("tool_mask"), output["completion_mask"], self._call_token_ids
+            )
+        gathered = self.accelerator.gather(torch.stack(stats, dim=1))
+        if self.tools or self.args.tool_call_pattern is not None or self.args.tool_shaping:
+            for name, value in tool_call_metrics(*gathered.unbind(dim=1)).items():
+                self._metrics["train"][f"tools/{name}"].append(value)
+        return gathered
+
+    def _shape(self, advantages, rewards_per_func, rewards, tool_stats, output) -> torch.Tensor:
+        args = self.args
+        if args.tool_shaping_correct_reward is None:
+            score = rewards
+        else:
+            score = rewards_per_func[:, self.reward_func_names.index(args.tool_shaping_correct_reward)]
+        positions, lengths, calls, turns = tool_stats.unbind(dim=1)
+        eligible = (torch.nan_to_num(score, nan=-torch.inf) > args.tool_shaping_correct_threshold) & (positions >= 0)
+        if self.num_generations > 1:
+            groups = torch.arange(len(advantages), device=advantages.device) // self.num_generations
+        else:
+            groups = torch.zeros(len(advantages), dtype=torch.long, device=advantages.device)
+        bias = tool_position_bias(
+            advantages, positions, lengths, eligible, groups, delta=args.tool_shaping_delta, k=args.tool_shaping_k
+        )
+        if self._shaping_hooks:
+            texts = gather_object(
+                self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
+            )
+            for hook in self._shaping_hooks:
+                bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
+        metrics = self._metrics["train"]
+        metrics["tools/shaping_eligible_share"].append(eligible.float().mean().item())
+        metrics["tools/shaping_bias_abs_mean"].append(bias[eligible].abs().mean().item() if eligible.any() else 0.0)
+        metrics["tools/shaping_bias_abs_max"].append(bias.abs().max().item())
+        return advantages + bias
+
+    # ---------------------------------------------------------------- value tracker
+    def _rewards_for_tracker(self, rewards: torch.Tensor) -> torch.Tensor:
+        if self.args.value_reward_range is not None:
+            low, high = self.args.value_reward_range
+            rewards = (rewards - low) / (high - low)
+        valid = rewards[~torch.isnan(rewards)]
+        if valid.numel() and (valid.min() < 0 or valid.max() > 1):
+            bad = valid[(valid < 0) | (valid > 1)][0].item()
+            hint = "after the value_reward_range mapping" if self.args.value_reward_range else ""
+            raise ValueError(
+                f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1] {hint}; got "
+                f"{bad}. Set ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
+            )
+        return rewards
+
+    def _observe(self, keys, outcomes, scorable, output) -> None:
+        valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]
+        valid_outcomes = outcomes[scorable].double().cpu()
+        if isinstance(self._value_tracker, EventValueTracker):
+            self._value_tracker.observe(valid_keys, valid_outcomes, [self._value_event] * len(valid_keys))
+        elif self.args.value_rho_mode == "constant":
+            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
+        else:
+            self._pending_visit = self._snapshot_for_kl_rho(output, valid_keys, valid_outcomes, scorable)
+        self._refresh_priorities()
+
+    @torch.no_grad()
+    def _snapshot_for_kl_rho(self, output, keys, outcomes, scorable) -> dict:
+        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        logits_to_keep = output["completion_ids"].size(1)
+        logps_before = output.get("old_per_token_logps")
+        if logps_before is None:
+            logps_before, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, logits_to_keep, batch_size=self.args.per_device_train_batch_size
+            )
+        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "logps_before": logps_before,
+            "mask": mask,
+            "keys": keys,
+            "outcomes": outcomes,
+            "scorable": scorable,
+        }
+
+    @torch.no_grad()
+    def _observe_pending_visit(self) -> None:
+        """SPO's KL-adaptive rho: compare the last round's log-probs before and after the updates that used it."""
+        pending, self._pending_visit = self._pending_visit, None
+        if pending is None:
+            return
+        logps_after, _, _ = self._get_per_token_logps_and_entropies(
+            self.model,
+            pending["input_ids"],
+            pending["attention_mask"],
+            pending["logps_before"].size(1),
+            batch_size=self.args.per_device_train_batch_size,
+        )
+        rho_local = kl_adaptive_rho(
+            pending["logps_before"],
+            logps_after,
+            pending["mask"],
+            d_half=self.args.value_kl_half,
+            rho_min=self.args.value_rho_min,
+            rho_max=self.args.value_rho_max,
+        )
+        rho = self.accelerator.gather(rho_local)[pending["scorable"]].double().cpu()
+        self._value_tracker.observe(pending["keys"], pending["outcomes"], rho)
+        self._metrics["train"]["value/rho_mean"].append(rho.mean().item())
+        self._refresh_priorities()
+
+    def _log_tracker_metrics(self, dispatch_values: torch.Tensor) -> None:
+        metrics = self._metrics["train"]
+        metrics["value/mean"].append(dispatch_values.mean().item())
+        metrics["value/tracked_prompts"].append(float(self._value_tracker.num_tracked))
+        if self.args.value_rho_mode == "constant":
+            metrics["value/rho_mean"].append(self.args.value_rho)
+        if getattr(self, "_priority_sampler", None) is not None:
+            metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
+
+    def _init_values_from_file(self, path: str) -> None:
+        with open(path) as handle:
+            records = json.load(handle)
+        if not isinstance(records, list):
+            raise ValueError(f"ASPOConfig.value_init_file={path!r} must hold a JSON list of records.")
+        keys, successes, trials = [], [], []
+        for index, record in enumerate(records):
+            missing = {"successes", "trials"} - set(record)
+            if missing or ("prompt_id" not in record and "prompt" not in record):
+                raise ValueError(
+                    f"ASPOConfig.value_init_file={path!r}: record {index} needs 'successes', 'trials' and "
+                    f"'prompt_id' or 'prompt'; got keys {sorted(record)}."
+                )
+            keys.append(str(record["prompt_id"]) if "prompt_id" in record else prompt_key(record["prompt"]))
+            successes.append(record["successes"])
+            trials.append(record["trials"])
+        self._value_tracker.init_from_counts(
+            keys, torch.tensor(successes), torch.tensor(trials), prior_strength=self.args.value_prior_strength
+        )
+
+    # ---------------------------------------------------------------- loss
+    def _compute_loss(self, model, inputs):
+        if self.loss_type != "aspo":
+            return super()._compute_loss(model, inputs)
+        return self._compute_aspo_loss(model, inputs)
+
+    def _compute_aspo_loss(self, model, inputs):
+        """The aspo per-token term inside TRL's loss pipeline (masks, IS correction, KL, aggregation, metrics).
+
+        GRPOTrainer picks its per-token term inline in `_compute_loss`, so the aspo branch must replace that method;
+        everything around the term calls TRL's own helpers."""
+        args = self.args
+        mode = "train" if self.model.training else "eval"
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            inputs["completion_ids"].size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        advantages = inputs["advantages"]
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+
+        high_entropy = None
+        if args.aspo_entropy_quantile is not None:
+            high_entropy = entropy_split_mask(entropies, mask, args.aspo_entropy_quantile)
+        flip_threshold = progressive_flip_threshold(
+            self.state.global_step, args.aspo_flip_threshold_start, args.aspo_flip_decay_steps
+        )
+        per_token_loss, stats = asymmetric_policy_loss(
+            per_token_logps,
+            old_per_token_logps,
+            advantages,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            dual_clip=args.aspo_dual_clip,
+            high_entropy_mask=high_entropy,
+            epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
+            epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,
+            flip_threshold=flip_threshold,
+            unflipped_mask=inputs.get("aspo_unflipped"),
+        )
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if self.top_entropy_quantile < 1.0:
+            per_token_loss = per_token_loss * self.get_high_entropy_mask(
+                entropies, mask, 1 - self.top_entropy_quantile
+            )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.beta != 0.0:
+            log_ref_ratio = inputs["ref_per_token_logps"] - per_token_logps
+            per_token_kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+            if args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * stats["ratio"]
+            per_token_loss = per_token_loss + self._aspo_kl_coef * per_token_kl
+
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if args.aspo_aggregation == "token":
+            # `num_items_in_batch` spans the generation batch: rescale to one accumulation window, as TRL's dapo.
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / args.steps_per_generation
+            loss = aggregate_loss(per_token_loss, mask, "token", normalizer)
+            policy_loss = loss.detach()
+        else:
+            policy_loss = aggregate_loss(per_token_loss, mask, "sequence", None)
+            loss = policy_loss / accumulation
+            policy_loss = policy_loss.detach()
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+
+        self._log_aspo_metrics(mode, stats, entropies, mask, per_token_kl if self.beta != 0.0 else None, policy_loss)
+        return loss
+
+    def _log_aspo_metrics(self, mode, stats, entropies, mask, per_token_kl, policy_loss) -> None:
+        names = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
+        columns = [(stats[name].float() * mask).sum() for name in names]
+        columns += [(stats["flip_weight"] * mask).sum(), (entropies.detach() * mask).sum(), mask.sum().float()]
+        if per_token_kl is not None:
+            columns.append((per_token_kl.detach() * mask).sum())
+        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum")
+        tokens = totals[7].clamp(min=1.0)
+        metrics = self._metrics[mode]
+        for index, name in enumerate(names):
+            metrics[f"aspo/{name}_frac"].append((totals[index] / tokens).item())
+        metrics["aspo/flip_weight_mean"].append((totals[5] / totals[4].clamp(min=1.0)).item())
+        entropy = (totals[6] / tokens).item()
+        metrics["entropy"].append(entropy)
+        metrics["policy_loss"].append(self.accelerator.gather(policy_loss).mean().item())
+        if per_token_kl is not None:
+            metrics["kl"].append((totals[8] / tokens).item())
+            metrics["aspo/kl_coef"].append(self._aspo_kl_coef)
+        if mode == "train" and self.args.aspo_adaptive_kl_beta is not None:
+            self._update_adaptive_kl(totals[6], totals[7])
+
+    def _update_adaptive_kl(self, entropy_sum: torch.Tensor, token_count: torch.Tensor) -> None:
+        """Raise the KL coefficient for the next optimizer step while the step's mean entropy is below target."""
+        window = torch.stack([entropy_sum, token_count])
+        self._aspo_entropy_window = window if self._aspo_entropy_window is None else self._aspo_entropy_window + window
+        if not self.accelerator.sync_gradients:
+            return
+        mean_entropy = (self._aspo_entropy_window[0] / self._aspo_entropy_window[1].clamp(min=1.0)).item()
+        low = mean_entropy < self.args.aspo_adaptive_kl_entropy_target
+        self._aspo_kl_coef = self.args.aspo_adaptive_kl_beta if low else self.beta
+        self._aspo_entropy_window = None
+
+    # ---------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if not self.args.should_save:
+            return
+        checkpoint = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        state = {"value_event": self._value_event, "aspo_kl_coef": self._aspo_kl_coef}
+        if self._value_tracker is not None:
+            state["tracker"] = self._value_tracker.state_dict()
+        if getattr(self, "_priority_sampler", None) is not None:
+            state["sampler"] = self._priority_sampler.state_dict()
+        torch.save(state, os.path.join(checkpoint, STATE_FILE))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = None if checkpoint is None else os.path.join(checkpoint, STATE_FILE)
+        if path is None or not os.path.exists(path):
+            return
+        state = torch.load(path, weights_only=False)
+        self._value_event = state["value_event"]
+        self._aspo_kl_coef = state["aspo_kl_coef"]
+        if self._value_tracker is not None and "tracker" in state:
+            self._value_tracker.load_state_dict(state["tracker"])
+        if getattr(self, "_priority_sampler", None) is not None and "sampler" in state:
+            self._priority_sampler.load_state_dict(state["sampler"])

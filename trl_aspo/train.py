@@ -95,7 +95,7 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
         dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
     else:
         raise ValueError(f"Set `dataset_name` (a dataset name or {BUILTIN_DATASET!r}) or `datasets`.")
-    test = dataset[script_args.dataset_test_split] if script_args.dataset_test_split in dataset else None
+    test = dataset.get(script_args.dataset_test_split)
     return dataset[script_args.dataset_train_split], test
 
 

@@ -1,0 +1,25 @@
+"""Built-in tiny model, tokenizer and arithmetic task: see RL improve tool use on a CPU, offline."""
+
+from .model import (
+    CHECKPOINT_DIR,
+    TINY_CALCULATOR,
+    TINY_RANDOM,
+    build_model_config,
+    build_random_model,
+    is_builtin,
+    load_builtin,
+)
+from .tokenizer import build_tokenizer, is_builtin_tokenizer_dir, load_tokenizer
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "TINY_CALCULATOR",
+    "TINY_RANDOM",
+    "build_model_config",
+    "build_random_model",
+    "build_tokenizer",
+    "is_builtin",
+    "is_builtin_tokenizer_dir",
+    "load_builtin",
+    "load_tokenizer",
+]

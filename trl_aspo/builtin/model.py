@@ -1,0 +1,104 @@
+"""Built-in tiny Qwen2 models, addressable by name (`builtin:tiny-random`, `builtin:tiny-calculator`).
+
+They let tests and a CPU user without network run the whole pipeline: the random model for plumbing tests, the
+warm-started calculator model (shipped in the package, rebuilt by `scripts/build_tiny_calculator.py`) to see RL
+improve tool use.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from .tokenizer import build_tokenizer, load_tokenizer
+
+BUILTIN_PREFIX = "builtin:"
+TINY_RANDOM = "builtin:tiny-random"
+TINY_CALCULATOR = "builtin:tiny-calculator"
+CHECKPOINT_DIR = Path(__file__).parent / "checkpoints" / "tiny-calculator"
+
+
+def is_builtin(name: str | os.PathLike) -> bool:
+    """Whether `name` refers to a built-in model (`builtin:...`) rather than a hub id or a path."""
+    return isinstance(name, str) and name.startswith(BUILTIN_PREFIX)
+
+
+def _generation_config(tokenizer: PreTrainedTokenizerFast) -> GenerationConfig:
+    # Generation must stop at the end of the assistant turn, not at <|endoftext|>.
+    return GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+
+
+def build_model_config(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+) -> Qwen2Config:
+    """A Qwen2 config sized for CPU; embeddings are tied, which also makes copying a token back out easy to learn."""
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_random_model(
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+) -> Qwen2ForCausalLM:
+    """A randomly initialized tiny Qwen2 for `tokenizer`, deterministic for a given `seed`."""
+    config = build_model_config(
+        tokenizer, hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, max_position_embeddings
+    )
+    # A private generator: building the model must not disturb the caller's global RNG state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = _generation_config(tokenizer)
+    return model
+
+
+def load_builtin(name: str) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """Load a built-in model and its tokenizer (response schema set, so TRL's tool loop parses calls).
+
+    `builtin:tiny-random` is built in memory (deterministic); `builtin:tiny-calculator` is the warm-started checkpoint
+    shipped in the package.
+    """
+    if name == TINY_RANDOM:
+        tokenizer = build_tokenizer()
+        return build_random_model(tokenizer), tokenizer
+    if name == TINY_CALCULATOR:
+        if not (CHECKPOINT_DIR / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"The built-in checkpoint {name!r} is missing from {CHECKPOINT_DIR}. Rebuild it with "
+                "`python scripts/build_tiny_calculator.py` (about 10 minutes on CPU)."
+            )
+        tokenizer = load_tokenizer(CHECKPOINT_DIR)
+        model = Qwen2ForCausalLM.from_pretrained(CHECKPOINT_DIR, dtype=torch.float32)
+        model.generation_config = _generation_config(tokenizer)
+        return model, tokenizer
+    raise ValueError(f"Unknown built-in model {name!r}; available: {TINY_RANDOM!r}, {TINY_CALCULATOR!r}.")

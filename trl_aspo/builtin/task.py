@@ -2,12 +2,38 @@
 
 Problems are 2-digit x 2-digit products and 3-digit sums/differences. Every operand and result is a single token of
 the built-in tokenizer, so a model only has to *copy* numbers (operands into the call, the tool result into the
-answer), never to compute them; computing them is what it cannot do, which is why calling the tool pays.
+answer), never compute them; computing them is what it cannot do, which is why calling the tool pays.
+
+The train and held-out ("test") splits partition the problem space by problem identity (a stable hash of
+"a op b"), so no held-out problem is ever trained on, whatever the seeds and sizes.
 
 The final answer format is "The answer is N." in an assistant message without tool calls.
 """
 
 from __future__ import annotations
+
+import hashlib
+import random
+import re
+from typing import Any
+
+from datasets import Dataset
+
+from .calculator import calculator
+
+__all__ = [
+    "ANSWER_TEMPLATE",
+    "OPERATIONS",
+    "PREAMBLES",
+    "QUESTION_TEMPLATE",
+    "Problem",
+    "calculator",
+    "correctness_reward",
+    "extract_answer",
+    "make_dataset",
+    "make_problems",
+    "split_of",
+]
 
 # Phrases the built-in transcripts use; the tokenizer trains its merges on them so each costs only a few tokens.
 QUESTION_TEMPLATE = "What is {a} {op} {b}?"
@@ -22,3 +48,92 @@ PREAMBLES = [
     "Let me think step by step. First, I look at the numbers.",
     "Hmm, let me see. This needs a calculator.",
 ]
+
+# Operand ranges per operation; results stay within the tokenizer's single-token numbers (<= 9999).
+OPERATIONS: dict[str, tuple[range, range]] = {
+    "*": (range(11, 100), range(11, 100)),
+    "+": (range(100, 1000), range(100, 1000)),
+    "-": (range(100, 1000), range(100, 1000)),
+}
+TEST_FRACTION = 0.2
+
+Problem = tuple[int, str, int]
+
+_ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)")
+
+
+def _solve(a: int, op: str, b: int) -> int:
+    return {"*": a * b, "+": a + b, "-": a - b}[op]
+
+
+def split_of(problem: Problem) -> str:
+    """The split a problem belongs to ("train" or "test"), from a stable hash of its identity."""
+    a, op, b = problem
+    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    return "test" if int.from_bytes(digest[:8], "big") / 2**64 < TEST_FRACTION else "train"
+
+
+def make_problems(split: str, n: int, seed: int = 0, operations: tuple[str, ...] = ("*", "+", "-")) -> list[Problem]:
+    """`n` distinct problems of `split`, drawn with a seeded generator (operations in equal proportions)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    rng = random.Random(f"{seed}-{split}")
+    problems: list[Problem] = []
+    seen: set[Problem] = set()
+    # Rejection sampling: each split holds tens of thousands of problems, far more than any dataset we draw.
+    while len(problems) < n:
+        op = operations[len(problems) % len(operations)]
+        left, right = OPERATIONS[op]
+        a, b = rng.choice(left), rng.choice(right)
+        if op == "-" and a < b:
+            a, b = b, a
+        problem = (a, op, b)
+        if problem not in seen and split_of(problem) == split:
+            seen.add(problem)
+            problems.append(problem)
+    return problems
+
+
+def make_dataset(split: str, n: int, seed: int = 0, operations: tuple[str, ...] = ("*", "+", "-")) -> Dataset:
+    """A conversational dataset of `n` problems: `prompt` (one user message) and `answer` (int) columns."""
+    problems = make_problems(split, n, seed, operations)
+    return Dataset.from_dict(
+        {
+            "prompt": [
+                [{"role": "user", "content": QUESTION_TEMPLATE.format(a=a, op=op, b=b)}] for a, op, b in problems
+            ],
+            "answer": [_solve(*problem) for problem in problems],
+        }
+    )
+
+
+def extract_answer(text: str) -> str | None:
+    """The number after the last "answer is" in `text`, or None."""
+    matches = _ANSWER_RE.findall(text)
+    return matches[-1] if matches else None
+
+
+def _final_text(completion: Any) -> str | None:
+    # Only the last message counts, and only a final assistant answer: a pending or truncated tool call scores 0.
+    if isinstance(completion, str):
+        return completion
+    if not completion:
+        return None
+    last = completion[-1]
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return None
+    return last.get("content") or ""
+
+
+def correctness_reward(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the completion's final assistant message says "The answer is N." with the right N, else 0.0.
+
+    TRL passes conversational completions as lists of messages (assistant turns and tool messages, in order);
+    plain-text completions are accepted too.
+    """
+    rewards = []
+    for completion, expected in zip(completions, answer, strict=True):
+        text = _final_text(completion)
+        found = extract_answer(text) if text is not None else None
+        rewards.append(1.0 if found is not None and float(found) == float(expected) else 0.0)
+    return rewards

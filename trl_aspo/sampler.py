@@ -1,0 +1,156 @@
+"""Prioritized prompt sampling for single-stream training (SPO++, arXiv 2608.24870; cf. SPO, arXiv 2509.13232).
+
+Each prompt's priority is its Bernoulli standard deviation under the tracker value plus a floor::
+
+    w_x = sqrt(v_x * (1 - v_x)) + epsilon          (epsilon = 0.05)
+
+so prompts the policy always or never solves (no learning signal) are drawn rarely but never starved. Each
+round draws its ``batch_size`` prompts *without replacement* with probability proportional to ``w``.
+:func:`effective_num_prompts` (``(sum w)^2 / sum w^2``) summarizes how concentrated the priorities are.
+
+:class:`PrioritizedRepeatSampler` is a drop-in for TRL's ``RepeatSampler``: same output layout (each index
+repeated ``mini_repeat_count`` times consecutively, ``batch_size`` unique indices per batch, each batch
+repeated ``repeat_count`` times, ``len(data) // batch_size`` batches per epoch), only the choice of indices
+differs. Every rank must yield the same indices: the draw for round ``r`` uses a fresh ``torch.Generator``
+seeded from ``(seed, r)``, so ranks that hold the same weights draw the same batch. The trainer must
+therefore set identical weights on every rank (computed from the gathered tracker state).
+
+Lag: the data loader reads ahead (accelerate's loader prefetches the next batch to detect the end of the
+epoch), so the batch for round ``r + 1`` is usually drawn before the outcomes of round ``r`` have updated the
+weights; priorities act with a lag of one round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+
+def priority_weights(values: torch.Tensor, epsilon: float = 0.05) -> torch.Tensor:
+    """``sqrt(v (1 - v)) + epsilon`` per prompt, for values ``v`` in [0, 1]."""
+    values = torch.as_tensor(values)
+    if not values.is_floating_point():
+        values = values.to(torch.float64)
+    if not torch.isfinite(values).all() or (values < 0).any() or (values > 1).any():
+        raise ValueError("`values` must be finite and lie in [0, 1].")
+    if not epsilon >= 0:
+        raise ValueError(f"`epsilon` must be non-negative, got {epsilon!r}.")
+    # clamp: v*(1-v) can round to a tiny negative number for v within an ulp of 0 or 1.
+    return (values * (1 - values)).clamp(min=0).sqrt() + epsilon
+
+
+def effective_num_prompts(weights: torch.Tensor) -> torch.Tensor:
+    """Kish effective sample size ``(sum w)^2 / sum w^2``: N for uniform weights, 1 when one prompt dominates."""
+    weights = torch.as_tensor(weights, dtype=torch.float64)
+    if (weights < 0).any() or not (weights > 0).any():
+        raise ValueError("`weights` must be non-negative with at least one positive entry.")
+    return weights.sum().square() / weights.square().sum()
+
+
+def _round_seed(seed: int, round_index: int) -> int:
+    """Mix (seed, round) into one 63-bit generator seed; identical on every rank and across restarts."""
+    return (seed * 0x9E3779B97F4A7C15 + round_index * 0xBF58476D1CE4E5B9 + 1) % (2**63)
+
+
+class PrioritizedRepeatSampler(Sampler[int]):
+    """TRL ``RepeatSampler`` layout with batches drawn without replacement in proportion to priority weights.
+
+    Args:
+        data_source_len: number of prompts in the dataset.
+        mini_repeat_count: consecutive repeats of each index (TRL: ``num_generations``).
+        batch_size: unique indices per batch (round).
+        repeat_count: repeats of each whole batch (TRL: iterations over one generation batch).
+        seed: base seed; the draw of round ``r`` depends only on ``(seed, r)`` and the weights.
+        epsilon: priority floor used by :meth:`set_values`.
+        weights: initial weights, a tensor of length ``data_source_len`` or a zero-argument callable returning one
+            (read at each draw); uniform when omitted.
+
+    Weights are read when a batch is drawn, i.e. when the data loader pulls that batch's first index. The round
+    counter persists across epochs and is saved by :meth:`state_dict`, so a resumed run continues the sequence.
+    """
+
+    def __init__(
+        self,
+        data_source_len: int,
+        mini_repeat_count: int,
+        batch_size: int = 1,
+        repeat_count: int = 1,
+        seed: int = 0,
+        epsilon: float = 0.05,
+        weights: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+    ) -> None:
+        for name, value in (
+            ("data_source_len", data_source_len),
+            ("mini_repeat_count", mini_repeat_count),
+            ("batch_size", batch_size),
+            ("repeat_count", repeat_count),
+        ):
+            if not value >= 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        if batch_size > data_source_len:
+            raise ValueError(f"`batch_size` ({batch_size}) exceeds the dataset size ({data_source_len}).")
+        self.num_samples = data_source_len
+        self.mini_repeat_count = mini_repeat_count
+        self.batch_size = batch_size
+        self.repeat_count = repeat_count
+        self.seed = seed
+        self.epsilon = epsilon
+        self.round = 0
+        self.weights = torch.ones(data_source_len, dtype=torch.float64) if weights is None else weights
+
+    @property
+    def weights(self) -> torch.Tensor | Callable[[], torch.Tensor]:
+        """Priority weights (length = dataset size), or the callable that supplies them at each draw."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, weights: torch.Tensor | Callable[[], torch.Tensor]) -> None:
+        self._weights = weights if callable(weights) else self._check_weights(weights)
+
+    def set_values(self, values: torch.Tensor) -> None:
+        """Set the weights from tracker values (length = dataset size) via :func:`priority_weights`."""
+        self.weights = priority_weights(values, self.epsilon)
+
+    def _check_weights(self, weights: torch.Tensor) -> torch.Tensor:
+        weights = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+        if weights.shape != (self.num_samples,):
+            raise ValueError(f"`weights` must have shape ({self.num_samples},), got {tuple(weights.shape)}.")
+        if not torch.isfinite(weights).all() or (weights < 0).any():
+            raise ValueError("`weights` must be finite and non-negative.")
+        # Drawing without replacement needs at least batch_size prompts with positive probability.
+        if int((weights > 0).sum()) < self.batch_size:
+            raise ValueError(f"`weights` need at least batch_size={self.batch_size} positive entries.")
+        return weights
+
+    def draw(self) -> list[int]:
+        """Draw the next round's ``batch_size`` distinct indices and advance the round counter."""
+        weights = self._check_weights(self._weights()) if callable(self._weights) else self._weights
+        generator = torch.Generator().manual_seed(_round_seed(self.seed, self.round))
+        self.round += 1
+        return torch.multinomial(weights, self.batch_size, replacement=False, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        for _ in range(self.num_samples // self.batch_size):
+            chunk = self.draw()
+            for _ in range(self.repeat_count):
+                for index in chunk:
+                    for _ in range(self.mini_repeat_count):
+                        yield index
+
+    def __len__(self) -> int:
+        return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
+
+    def state_dict(self) -> dict[str, Any]:
+        """Round counter, seed and (unless supplied by a callable) the weights, as plain Python values."""
+        weights = None if callable(self._weights) else self._weights.tolist()
+        return {"round": self.round, "seed": self.seed, "weights": weights}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the round counter, seed and stored weights (a weights callable in use is kept)."""
+        self.round = int(state_dict["round"])
+        self.seed = int(state_dict["seed"])
+        if state_dict["weights"] is not None:
+            self.weights = torch.tensor(state_dict["weights"], dtype=torch.float64)

@@ -19,6 +19,13 @@ VALUE_RHO_MODES = ("constant", "kl")
 SINGLE_STREAM_ESTIMATORS = ("spo", "spo++")
 
 
+class _SingleCompletion(int):
+    """The integer 1, except that it does not compare below 2 (used only during `GRPOConfig.__post_init__`)."""
+
+    def __lt__(self, other):
+        return False if other == 2 else int(self) < other
+
+
 @dataclass
 class ASPOConfig(GRPOConfig):
     r"""
@@ -259,8 +266,8 @@ class ASPOConfig(GRPOConfig):
         single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
         if single_stream:
             # GRPOConfig refuses num_generations < 2 because its group baseline needs two samples; the tracker
-            # does not. Pass its check with the smallest group, then restore the user's value.
-            self.num_generations = 2
+            # does not. A 1 that passes that one comparison keeps every divisibility check exact.
+            self.num_generations = _SingleCompletion(1)
         try:
             super().__post_init__()
         finally:

@@ -9,8 +9,8 @@ DEFAULT_METRICS = (
     "loss",
     "entropy",
     "zero_advantage_share",
-    "tools/call_share",
-    "tools/first_call_position_mean",
+    "tools/tool_call_frac",
+    "tools/first_call_position",
     "aspo/flip_weight_mean",
     "value/mean",
 )

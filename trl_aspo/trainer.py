@@ -34,7 +34,7 @@ from .losses import (
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_key, prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts, priority_weights
-from .shaping import CallablePenalty, InteractiveTurnBonus, tool_position_bias
+from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
 from .tool_metrics import (
     first_tool_call_positions,
     regex_tool_call_positions,
@@ -280,10 +280,8 @@ class ASPOTrainer(GRPOTrainer):
             )
             for hook in self._shaping_hooks:
                 bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
-        metrics = self._metrics["train"]
-        metrics["tools/shaping_eligible_share"].append(eligible.float().mean().item())
-        metrics["tools/shaping_bias_abs_mean"].append(bias[eligible].abs().mean().item() if eligible.any() else 0.0)
-        metrics["tools/shaping_bias_abs_max"].append(bias.abs().max().item())
+        for name, value in shaping_stats(bias, eligible).items():
+            self._metrics["train"][f"shaping/{name}"].append(value)
         return advantages + bias
 
     # ---------------------------------------------------------------- value tracker

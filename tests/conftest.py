@@ -1,0 +1,61 @@
+"""Shared fixtures: one locally built tiny tokenizer per session, fresh tiny models and small datasets per test."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from trl.chat_template_utils import add_response_schema
+
+    from trl_aspo.builtin import build_tokenizer
+
+    return add_response_schema(build_tokenizer())
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    """A fresh random tiny Qwen2 per test (trainers mutate their model), built with a fixed seed."""
+    from trl_aspo.builtin import build_random_model
+
+    return build_random_model(tiny_tokenizer, seed=0)
+
+
+@pytest.fixture(scope="session")
+def calculator_dataset():
+    from trl_aspo.builtin.task import make_dataset
+
+    return make_dataset("train", 32, seed=0)
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """An ASPOConfig for a few fast CPU steps; keyword overrides replace any field."""
+    from trl_aspo import ASPOConfig
+
+    def make(**overrides):
+        fields = dict(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=16,
+            max_steps=2,
+            learning_rate=1e-3,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            use_cpu=True,
+            bf16=False,
+            seed=0,
+            dataloader_num_workers=0,
+        )
+        fields.update(overrides)
+        return ASPOConfig(**fields)
+
+    return make

@@ -1,0 +1,64 @@
+"""ASPOConfig validation: bad values name the field and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from trl_aspo import ASPOConfig
+
+BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
+
+
+def make(**overrides):
+    return ASPOConfig(**{**BASE, **overrides})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"aspo_dual_clip": 1.0}, "aspo_dual_clip"),
+        ({"aspo_aggregation": "mean"}, "aspo_aggregation"),
+        ({"aspo_entropy_quantile": 1.5}, "aspo_entropy_quantile"),
+        ({"aspo_epsilon_high_entropy": 0.0}, "aspo_epsilon_high_entropy"),
+        ({"aspo_flip_threshold_start": -1.0}, "aspo_flip_threshold_start"),
+        ({"aspo_flip_decay_steps": -3}, "aspo_flip_decay_steps"),
+        ({"aspo_unflipped_fraction": 1.2}, "aspo_unflipped_fraction"),
+        ({"aspo_adaptive_kl_beta": 0.1}, "aspo_adaptive_kl_beta"),  # beta is 0: no reference model
+        ({"loss_type": "aspo", "importance_sampling_level": "sequence"}, "importance_sampling_level"),
+        ({"loss_type": "aspo", "entropy_coef": 0.01}, "entropy_coef"),
+        ({"tool_shaping_delta": 0.0}, "tool_shaping_delta"),
+        ({"tool_shaping_k": -0.1}, "tool_shaping_k"),
+        ({"tool_call_pattern": "(unclosed"}, "tool_call_pattern"),
+        ({"advantage_estimator": "ppo"}, "advantage_estimator"),
+        ({"advantage_normalization": "median"}, "advantage_normalization"),
+        ({"advantage_estimator": "spo", "advantage_normalization": "group"}, "advantage_normalization"),
+        ({"num_generations": 1}, "num_generations"),
+        ({"value_rho": 0.0}, "value_rho"),
+        ({"value_rho_mode": "kl"}, "value_rho_mode"),  # needs advantage_estimator='spo'
+        ({"advantage_estimator": "spo++", "value_rho_mode": "kl"}, "value_rho_mode"),
+        ({"value_rho_min": 0.99}, "value_rho_min"),
+        ({"value_prior_strength": 0.0}, "value_prior_strength"),
+        ({"value_init_samples": -1}, "value_init_samples"),
+        ({"value_reward_range": [1.0, 0.0]}, "value_reward_range"),
+        ({"prioritized_sampling": True}, "prioritized_sampling"),
+        ({"priority_epsilon": 0.0}, "priority_epsilon"),
+    ],
+)
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=f"ASPOConfig.{field}="):
+        make(**overrides)
+
+
+def test_single_stream_accepts_one_generation():
+    config = make(advantage_estimator="spo++", num_generations=1, per_device_train_batch_size=3)
+    assert config.num_generations == 1
+    assert config.generation_batch_size == 3
+    assert config.advantage_normalization == "token"
+    assert make(advantage_estimator="spo", num_generations=1).advantage_normalization == "batch"
+
+
+def test_defaults_leave_grpo_untouched():
+    config = make()
+    assert config.loss_type == "dapo"
+    assert config.advantage_estimator == "group" and config.advantage_normalization == "group"
+    assert not config.tool_shaping and not config.prioritized_sampling

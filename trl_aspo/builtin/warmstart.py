@@ -1,0 +1,207 @@
+"""Supervised warm start of the built-in tiny calculator model on synthetic tool-use transcripts.
+
+The warm start must make RL *possible* without making it unnecessary. After it, the model
+
+- writes well-formed calculator calls whose operands are copied from the question, and copies the tool's result into
+  "The answer is N." (the two skills a model this small cannot discover by RL alone: copying needs an induction-like
+  attention pattern, which is why every number is a single token and why training starts with a copy curriculum);
+- calls the calculator only part of the time, often after some text ("Let me compute."), and otherwise answers
+  directly with a guess that is mostly wrong.
+
+So held-out accuracy starts low, and RL has a clear signal: calling (early) pays.
+
+Transcripts are tokenized segment by segment exactly as TRL assembles a rollout: the prompt rendered with the tools
+and the generation prompt, the assistant turn, the tool-response suffix concatenated as ids
+(`trl_aspo.evaluation.tool_suffix_ids`), the final turn. The loss covers the assistant turns only.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+from ..evaluation import tool_suffix_ids
+from .task import ANSWER_TEMPLATE, PREAMBLES, QUESTION_TEMPLATE, Problem, calculator, make_problems
+from .tokenizer import MAX_NUMBER
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class WarmStartConfig:
+    """Data mix and optimization of the warm start (defaults build the shipped checkpoint)."""
+
+    seed: int = 0
+    steps: int = 1200
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    num_train_problems: int = 20_000
+    # The first `copy_steps` always call the tool, half the time with a random tool result: every number token is
+    # copied in context, which forms the copy circuit before the model has to decide anything.
+    copy_steps: int = 300
+    random_result_probability: float = 0.5
+    # After the curriculum, a lower share of random results keeps rare number tokens copyable.
+    late_random_result_probability: float = 0.15
+    # The mix that leaves room for RL: how often a transcript calls, and how often text comes first.
+    call_probability: float = 0.4
+    preamble_probability: float = 0.7
+    # Direct answers are guesses: right this often, otherwise off by a small amount.
+    direct_correct_probability: float = 0.1
+
+
+@dataclass
+class Segment:
+    """A piece of a transcript: its token ids and whether the model is trained to produce them."""
+
+    ids: list[int]
+    trainable: bool
+
+
+class TranscriptEncoder:
+    """Turns (problem, decisions) into token segments the way TRL's tool loop concatenates a rollout."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast):
+        self.tokenizer = tokenizer
+        self._suffix_cache: dict[str, list[int]] = {}
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=[calculator], add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _turn_text(self, history: list[dict[str, Any]], message: dict[str, Any]) -> str:
+        # What the model generates after the generation prompt: the rendered message up to and including <|im_end|>.
+        before = self._render(history, add_generation_prompt=True)
+        after = self._render([*history, message], add_generation_prompt=False)
+        if not after.startswith(before[: -len("\n")]):
+            raise ValueError("Chat template is not prefix-preserving.")
+        text = after[len(before) :]
+        return text[: text.rindex(self.tokenizer.eos_token) + len(self.tokenizer.eos_token)]
+
+    def suffix(self, result: str) -> list[int]:
+        if result not in self._suffix_cache:
+            self._suffix_cache[result] = tool_suffix_ids(
+                self.tokenizer, [{"role": "tool", "name": "calculator", "content": result}]
+            )
+        return self._suffix_cache[result]
+
+    def encode(
+        self, problem: Problem, call: bool, preamble: str, direct_answer: int, tool_result: int
+    ) -> list[Segment]:
+        a, op, b = problem
+        user = {"role": "user", "content": QUESTION_TEMPLATE.format(a=a, op=op, b=b)}
+        prompt_ids = self._encode(self._render([user], add_generation_prompt=True))
+        segments = [Segment(prompt_ids, trainable=False)]
+        if not call:
+            content = " ".join(filter(None, [preamble, ANSWER_TEMPLATE.format(answer=direct_answer)]))
+            turn = {"role": "assistant", "content": content}
+            return [*segments, Segment(self._encode(self._turn_text([user], turn)), trainable=True)]
+        tool_call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}}}
+        turn = {"role": "assistant", "content": preamble, "tool_calls": [tool_call]}
+        final = {"role": "assistant", "content": ANSWER_TEMPLATE.format(answer=tool_result)}
+        return [
+            *segments,
+            Segment(self._encode(self._turn_text([user], turn)), trainable=True),
+            Segment(self.suffix(str(tool_result)), trainable=False),
+            # The final turn follows "<|im_start|>assistant\n", which the suffix already holds.
+            Segment(self._encode(final["content"] + self.tokenizer.eos_token), trainable=True),
+        ]
+
+
+def sample_transcript(
+    rng: random.Random,
+    encoder: TranscriptEncoder,
+    problem: Problem,
+    config: WarmStartConfig,
+    curriculum: bool,
+) -> list[Segment]:
+    """Draw one transcript's decisions (call or not, preamble, guess, tool result) and encode it."""
+    a, op, b = problem
+    truth = {"*": a * b, "+": a + b, "-": a - b}[op]
+    call = curriculum or rng.random() < config.call_probability
+    preamble = rng.choice(PREAMBLES) if rng.random() < config.preamble_probability else ""
+    guess = truth
+    if rng.random() >= config.direct_correct_probability:
+        guess = min(MAX_NUMBER, max(0, truth + rng.choice([-1, 1]) * rng.randint(1, max(2, truth // 10))))
+    random_probability = config.random_result_probability if curriculum else config.late_random_result_probability
+    result = rng.randint(0, MAX_NUMBER) if rng.random() < random_probability else truth
+    return encoder.encode(problem, call, preamble, guess, result)
+
+
+def collate(transcripts: list[list[Segment]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad transcripts into `input_ids`, `attention_mask` and `labels` (IGNORE_INDEX off assistant turns)."""
+    rows = [[t for s in segments for t in s.ids] for segments in transcripts]
+    masks = [[s.trainable for s in segments for _ in s.ids] for segments in transcripts]
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for i, (row, mask) in enumerate(zip(rows, masks, strict=True)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        attention_mask[i, : len(row)] = 1
+        labels[i, : len(row)] = torch.where(torch.tensor(mask), torch.tensor(row), IGNORE_INDEX)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def _loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    # Project only the supervised positions onto the vocabulary: the 10k-token head dominates the cost, and most
+    # positions are prompt or tool output.
+    hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    targets = batch["labels"][:, 1:]
+    selected = targets != IGNORE_INDEX
+    logits = model.lm_head(hidden[:, :-1][selected])
+    return torch.nn.functional.cross_entropy(logits, targets[selected])
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    config: WarmStartConfig | None = None,
+    progress: bool = True,
+) -> list[float]:
+    """Train `model` in place on synthetic transcripts of training-split problems; return the loss per step."""
+    config = config or WarmStartConfig()
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    problems = make_problems("train", config.num_train_problems, seed=config.seed)
+    encoder = TranscriptEncoder(tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+
+    def schedule(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress_ = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * progress_))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    model.train()
+    losses = []
+    bar = tqdm(range(config.steps), desc="warm start", disable=not progress)
+    for step in bar:
+        curriculum = step < config.copy_steps
+        transcripts = [
+            sample_transcript(rng, encoder, rng.choice(problems), config, curriculum)
+            for _ in range(config.batch_size)
+        ]
+        loss = _loss(model, collate(transcripts, tokenizer.pad_token_id))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{loss.item():.3f}", phase="copy" if curriculum else "mix")
+    model.eval()
+    return losses

@@ -56,6 +56,9 @@ class ASPOScriptArguments(ScriptArguments):
     eval_samples_per_problem: int = field(
         default=1, metadata={"help": "Completions per held-out problem in the before/after evaluation (avg@k)."}
     )
+    eval_temperature: float = field(
+        default=0.0, metadata={"help": "Sampling temperature of the before/after evaluation; 0 = greedy."}
+    )
     plot: bool = field(default=True, metadata={"help": "Save training curves as `<output_dir>/training_curves.png`."})
 
 
@@ -137,7 +140,14 @@ def run(script_args, training_args: ASPOConfig, model_args: ModelConfig, dataset
     if script_args.evaluate_before_after:
         from .report import BeforeAfterReport
 
-        report = BeforeAfterReport(trainer, test_dataset, reward_funcs, tools, script_args.eval_samples_per_problem)
+        report = BeforeAfterReport(
+            trainer,
+            test_dataset,
+            reward_funcs,
+            tools,
+            script_args.eval_samples_per_problem,
+            script_args.eval_temperature,
+        )
         report.measure("before")
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)

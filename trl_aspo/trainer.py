@@ -453,7 +453,7 @@ class ASPOTrainer(GRPOTrainer):
             log_ref_ratio = inputs["ref_per_token_logps"] - per_token_logps
             per_token_kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
             if args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * stats["ratio"]
+                per_token_kl = per_token_kl * torch.exp(per_token_logps - old_per_token_logps)
             per_token_loss = per_token_loss + self._aspo_kl_coef * per_token_kl
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0

@@ -1,0 +1,73 @@
+"""Before/after tool-use evaluation around a training run: a printed summary and `summary.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .evaluation import evaluate_tool_use
+
+SUMMARY_ROWS = (
+    ("held-out accuracy", "accuracy", "{:.1%}"),
+    ("tool-call rate", "tool_call_rate", "{:.1%}"),
+    ("mean first-call position (tokens)", "mean_first_call_position", "{:.1f}"),
+    ("calls per completion", "calls_per_completion", "{:.2f}"),
+    ("accuracy when calling", "accuracy_with_call", "{:.1%}"),
+    ("accuracy without a call", "accuracy_without_call", "{:.1%}"),
+)
+
+
+def format_summary(before: dict, after: dict) -> str:
+    """A fixed-width before/after table of the tool-use metrics."""
+    lines = [f"{'metric':<36}{'before':>10}{'after':>10}"]
+    for label, key, fmt in SUMMARY_ROWS:
+        cells = [fmt.format(run[key]) if run.get(key) == run.get(key) else "n/a" for run in (before, after)]
+        lines.append(f"{label:<36}{cells[0]:>10}{cells[1]:>10}")
+    return "\n".join(lines)
+
+
+class BeforeAfterReport:
+    """Evaluates the trainer's model on the held-out split before and after training (main process only).
+
+    The first reward function decides correctness; sampling settings follow the training config's
+    `max_completion_length` and `max_tool_calling_iterations`."""
+
+    def __init__(self, trainer, dataset, reward_funcs, tools, samples_per_problem: int = 1, temperature: float = 0.0):
+        if dataset is None:
+            raise ValueError("evaluate_before_after needs a held-out split (dataset_test_split or the built-in task).")
+        self.trainer, self.dataset, self.tools = trainer, dataset, tools
+        self.reward_fn = reward_funcs[0]
+        self.samples_per_problem, self.temperature = samples_per_problem, temperature
+        self.results: dict[str, dict] = {}
+
+    def measure(self, label: str) -> None:
+        trainer = self.trainer
+        if trainer.accelerator.is_main_process:
+            args = trainer.args
+            summary = evaluate_tool_use(
+                trainer.accelerator.unwrap_model(trainer.model),
+                trainer.processing_class,
+                self.dataset,
+                self.reward_fn,
+                self.tools,
+                num_samples=self.samples_per_problem,
+                temperature=self.temperature,
+                max_completion_length=args.max_completion_length,
+                max_tool_calls=args.max_tool_calling_iterations,
+                seed=args.seed,
+            )
+            summary.pop("records")
+            self.results[label] = summary
+        trainer.accelerator.wait_for_everyone()
+
+    def finish(self) -> None:
+        trainer = self.trainer
+        if not trainer.accelerator.is_main_process:
+            return
+        before, after = self.results["before"], self.results["after"]
+        table = format_summary(before, after)
+        trainer.accelerator.print(f"\nHeld-out tool use, {before['num_problems']} problems:\n{table}\n")
+        path = os.path.join(trainer.args.output_dir, "summary.json")
+        with open(path, "w") as handle:
+            json.dump({"before": before, "after": after}, handle, indent=2)
+        trainer.accelerator.print(f"Summary written to {path}.")

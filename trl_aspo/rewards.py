@@ -1,0 +1,37 @@
+"""Reward functions for the reference recipes that TRL does not ship."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+_PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def _last_python_block(completion) -> str | None:
+    text = completion[-1]["content"] if isinstance(completion, list) else completion
+    blocks = _PYTHON_BLOCK.findall(text or "")
+    return blocks[-1] if blocks else None
+
+
+def code_unit_test_reward(completions, tests, timeout: float = 10.0, **kwargs) -> list[float]:
+    """1.0 when the completion's last ```python block passes every assert of its row's `tests`, else 0.0.
+
+    Each program runs in a fresh `python -I` subprocess with a time limit. This isolates crashes and hangs, not
+    malicious code: run untrusted generations inside a sandbox."""
+    rewards = []
+    for completion, row_tests in zip(completions, tests, strict=True):
+        code = _last_python_block(completion)
+        if code is None:
+            rewards.append(0.0)
+            continue
+        program = code + "\n\n" + "\n".join(row_tests) + "\n"
+        try:
+            result = subprocess.run(
+                [sys.executable, "-I", "-c", program], capture_output=True, timeout=timeout, check=False
+            )
+            rewards.append(1.0 if result.returncode == 0 else 0.0)
+        except subprocess.TimeoutExpired:
+            rewards.append(0.0)
+    return rewards

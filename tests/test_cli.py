@@ -95,3 +95,10 @@ def test_cli_help(argv):
     assert "trl-aspo" in result.stdout
     if argv[0] == "train":
         assert "--aspo_dual_clip" in result.stdout and "--advantage_estimator" in result.stdout
+
+
+def test_readme_configuration_reference_is_current():
+    result = subprocess.run(
+        [sys.executable, "scripts/config_reference.py", "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

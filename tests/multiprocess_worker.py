@@ -1,0 +1,83 @@
+"""Run by tests/test_multiprocess.py under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU).
+
+Each rank trains the tiny model briefly and writes what it saw to `<out>/rank<k>.json`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from trl_aspo import ASPOConfig, ASPOTrainer
+from trl_aspo.builtin import load_builtin
+from trl_aspo.builtin.task import calculator, make_dataset
+
+
+def digit_share_reward(completions, **kwargs):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
+
+
+def run(out_dir: str, estimator: str) -> None:
+    single = estimator != "group"
+    args = ASPOConfig(
+        output_dir=f"{out_dir}/{estimator}",
+        per_device_train_batch_size=2 if not single else 4,
+        num_generations=4 if not single else 1,  # group runs: each group of 4 straddles the two ranks
+        max_completion_length=16,
+        max_tool_calling_iterations=1,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=3,
+        loss_type="aspo",
+        num_iterations=1,
+        tool_shaping=True,
+        tool_shaping_correct_threshold=0.05,
+        advantage_estimator=estimator,
+        prioritized_sampling=single,
+    )
+    model, tokenizer = load_builtin("builtin:tiny-random")
+    trainer = ASPOTrainer(
+        model=model,
+        reward_funcs=[digit_share_reward],
+        args=args,
+        train_dataset=make_dataset("train", 24, seed=0),
+        processing_class=tokenizer,
+        tools=[calculator],
+    )
+    rounds = []
+    generate = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = generate(inputs)
+        rounds.append(
+            {
+                "local_advantages": output["advantages"].tolist(),
+                "gathered_rewards": trainer._gathered_rewards_per_func[:, 0].tolist(),
+            }
+        )
+        return output
+
+    trainer._generate_and_score_completions = recording
+    trainer.train()
+    record = {
+        "rank": trainer.accelerator.process_index,
+        "world": trainer.accelerator.num_processes,
+        "rounds": rounds,
+        "tracker": trainer._value_tracker.state_dict() if single else None,
+        "sampler_weights": trainer._priority_sampler.weights.tolist() if single else None,
+        "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
+    }
+    with open(f"{out_dir}/{estimator}-rank{record['rank']}.json", "w") as handle:
+        json.dump(record, handle)
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2])

@@ -12,13 +12,18 @@ With every switch of `ASPOConfig` at its default the trainer computes exactly wh
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
+import inspect
 import json
+import math
 import os
 
 import torch
 from accelerate.utils import gather_object
+from datasets import IterableDataset
+from tqdm.auto import tqdm
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
@@ -33,7 +38,7 @@ from .losses import (
 )
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_key, prompt_keys
-from .sampler import PrioritizedRepeatSampler, effective_num_prompts, priority_weights
+from .sampler import PrioritizedRepeatSampler, effective_num_prompts
 from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
 from .tool_metrics import (
     first_tool_call_positions,
@@ -160,15 +165,19 @@ class ASPOTrainer(GRPOTrainer):
         return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
     def _refresh_priorities(self) -> None:
+        """Set the sampler's weights from the tracker's current values (identical on every rank: the tracker is)."""
         if getattr(self, "_priority_sampler", None) is None:
             return
-        values = self._tracker_values(self._dataset_keys)
-        self._priority_sampler.weights = priority_weights(values, epsilon=self.args.priority_epsilon)
+        self._priority_sampler.set_values(self._tracker_values(self._dataset_keys))
 
-    def _tracker_values(self, keys: list[str]) -> torch.Tensor:
-        if isinstance(self._value_tracker, EventValueTracker):
-            return self._value_tracker.value(keys, self._value_event)
-        return self._value_tracker.value(keys)
+    def _tracker_values(
+        self, keys: list[str], tracker: EventValueTracker | VisitValueTracker | None = None
+    ) -> torch.Tensor:
+        """Values of `keys` at the current event, from the training tracker unless another `tracker` is given."""
+        tracker = self._value_tracker if tracker is None else tracker
+        if isinstance(tracker, EventValueTracker):
+            return tracker.value(keys, self._value_event)
+        return tracker.value(keys)
 
     # ---------------------------------------------------------------- advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -202,19 +211,24 @@ class ASPOTrainer(GRPOTrainer):
             grouped = rewards.view(-1, self.num_generations)
             centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
         centered = torch.where(scorable, centered, torch.zeros_like(centered))
-        self._metrics[mode]["zero_advantage_share"].append(
-            torch.isclose(centered, torch.zeros_like(centered)).float().mean().item()
-        )
 
         rewrite = self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping
+        # Completions without policy-gradient signal: zero advantage after baseline and normalization (TRL's own group
+        # scaling is zero exactly where the centered reward is). Under the group baseline, all-equal groups; under the
+        # tracker, completions whose R - v equals the batch mean (e.g. every reward 0 while every value is equal).
+        unsignaled = centered
         if rewrite:
             advantages = self._normalize(centered, output, tool_stats[:, 1])
+            unsignaled = torch.where(scorable, advantages, torch.zeros_like(advantages))
             if self.args.tool_shaping:
                 advantages = self._shape(advantages, rewards_per_func, rewards, tool_stats, output)
             advantages = torch.where(scorable, advantages, torch.zeros_like(advantages))
             output["advantages"] = self._local_slice(advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
             self._logs["advantages"].extend(advantages.tolist())
+        self._metrics[mode]["zero_advantage_share"].append(
+            torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
+        )
 
         if self._single_stream:
             self._observe(keys, outcomes, scorable, output)
@@ -292,10 +306,15 @@ class ASPOTrainer(GRPOTrainer):
         valid = rewards[~torch.isnan(rewards)]
         if valid.numel() and (valid.min() < 0 or valid.max() > 1):
             bad = valid[(valid < 0) | (valid > 1)][0].item()
-            hint = "after the value_reward_range mapping" if self.args.value_reward_range else ""
+            if self.args.value_reward_range is not None:
+                raise ValueError(
+                    f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; after "
+                    f"mapping ASPOConfig.value_reward_range={list(self.args.value_reward_range)} onto [0, 1] a reward "
+                    f"is {bad}: the rewards leave the declared range."
+                )
             raise ValueError(
-                f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1] {hint}; got "
-                f"{bad}. Set ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
+                f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
+                "ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
             )
         return rewards
 
@@ -332,11 +351,11 @@ class ASPOTrainer(GRPOTrainer):
         }
 
     @torch.no_grad()
-    def _observe_pending_visit(self) -> None:
-        """SPO's KL-adaptive rho: compare the last round's log-probs before and after the updates that used it."""
-        pending, self._pending_visit = self._pending_visit, None
-        if pending is None:
-            return
+    def _pending_visit_rho(self, pending: dict) -> torch.Tensor:
+        """KL-adaptive rho of a pending round's scorable outcomes, in the order of its keys (collective: gathers).
+
+        Compares the log-probs stored at dispatch with those of the current model, i.e. after the updates that used
+        the round."""
         logps_after, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
             pending["input_ids"],
@@ -352,9 +371,17 @@ class ASPOTrainer(GRPOTrainer):
             rho_min=self.args.value_rho_min,
             rho_max=self.args.value_rho_max,
         )
-        rho = self.accelerator.gather(rho_local)[pending["scorable"]].double().cpu()
+        return self.accelerator.gather(rho_local)[pending["scorable"]].double().cpu()
+
+    def _observe_pending_visit(self) -> None:
+        """SPO's KL-adaptive rho: the last round's outcomes enter the tracker after the updates that used it."""
+        pending, self._pending_visit = self._pending_visit, None
+        if pending is None:
+            return
+        rho = self._pending_visit_rho(pending)
         self._value_tracker.observe(pending["keys"], pending["outcomes"], rho)
-        self._metrics["train"]["value/rho_mean"].append(rho.mean().item())
+        if rho.numel():
+            self._metrics["train"]["value/rho_mean"].append(rho.mean().item())
         self._refresh_priorities()
 
     def _log_tracker_metrics(self, dispatch_values: torch.Tensor) -> None:
@@ -367,24 +394,176 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
     def _init_values_from_file(self, path: str) -> None:
-        with open(path) as handle:
-            records = json.load(handle)
+        """Initialize the tracker from a JSON list of {'prompt_id' | 'prompt', 'successes', 'trials'} records."""
+        where = f"ASPOConfig.value_init_file={path!r}"
+        try:
+            with open(path) as handle:
+                records = json.load(handle)
+        except OSError as error:
+            raise ValueError(f"{where} cannot be read: {error}") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is not valid JSON: {error}") from None
         if not isinstance(records, list):
-            raise ValueError(f"ASPOConfig.value_init_file={path!r} must hold a JSON list of records.")
+            raise ValueError(f"{where} must hold a JSON list of records, got a {type(records).__name__}.")
         keys, successes, trials = [], [], []
         for index, record in enumerate(records):
-            missing = {"successes", "trials"} - set(record)
-            if missing or ("prompt_id" not in record and "prompt" not in record):
+            if (
+                not isinstance(record, dict)
+                or not {"successes", "trials"} <= set(record)
+                or not {"prompt_id", "prompt"} & set(record)
+            ):
+                got = f"keys {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
                 raise ValueError(
-                    f"ASPOConfig.value_init_file={path!r}: record {index} needs 'successes', 'trials' and "
-                    f"'prompt_id' or 'prompt'; got keys {sorted(record)}."
+                    f"{where}: record {index} must be an object with 'successes', 'trials' and 'prompt_id' or "
+                    f"'prompt'; got {got}."
                 )
-            keys.append(str(record["prompt_id"]) if "prompt_id" in record else prompt_key(record["prompt"]))
-            successes.append(record["successes"])
-            trials.append(record["trials"])
+            counts = (record["successes"], record["trials"])
+            if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in counts):
+                raise ValueError(f"{where}: record {index} needs numeric 'successes' and 'trials', got {counts}.")
+            if "prompt_id" in record:
+                key = str(record["prompt_id"])
+            elif self.args.prompt_id_column is not None:
+                # A content hash would never match: prompts are identified by the column's values.
+                raise ValueError(
+                    f"{where}: record {index} names its prompt by 'prompt', but prompts are identified by "
+                    f"prompt_id_column={self.args.prompt_id_column!r}; give its 'prompt_id' instead."
+                )
+            else:
+                key = prompt_key(record["prompt"])
+            if key in keys:
+                raise ValueError(f"{where}: record {index} repeats the prompt of record {keys.index(key)}.")
+            keys.append(key)
+            successes.append(float(record["successes"]))
+            trials.append(float(record["trials"]))
+        try:
+            self._value_tracker.init_from_counts(
+                keys, successes, trials, prior_strength=self.args.value_prior_strength
+            )
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+
+    # ---------------------------------------------------------------- value pre-pass
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial=None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ):
+        """`Trainer.train`, preceded on a fresh start by the value pre-pass when `value_init_samples > 0`.
+
+        A resumed run restores its tracker from the checkpoint instead, and a trainer that has already dispatched
+        (a second `train()` call) keeps the tracker it has."""
+        if (
+            self._value_tracker is not None
+            and self.args.value_init_samples > 0
+            and not resume_from_checkpoint
+            and self._value_event == 0
+        ):
+            self._value_init_prepass()
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    @staticmethod
+    def _prepass_plan(rows: list[int], samples: int, group: int, span: int) -> list[tuple[int, bool]]:
+        """The pre-pass rows as (dataset row, counted) pairs, in generation order; the length is a multiple of `span`.
+
+        Each prompt gets `samples` counted rows, rounded up to whole blocks of `group` identical rows (the layout
+        TRL's vLLM server mode expects: it generates once per block); the extra rows are not counted. The tail is
+        padded with uncounted copies of the first prompt so that every rank processes the same number of rows. `span`
+        (one generation batch across ranks) is a multiple of `group`, so padding keeps the blocks whole."""
+        block_rows = -(-samples // group) * group
+        plan = [(row, sample < samples) for row in rows for sample in range(block_rows)]
+        return plan + [(rows[0], False)] * (-len(plan) % span)
+
+    @torch.no_grad()
+    def _value_init_prepass(self) -> None:
+        """Initialize the tracker from `value_init_samples` completions per training prompt of the starting policy.
+
+        Generation and scoring are TRL's own (`_generate`, `_calculate_rewards`) with the training sampling settings,
+        one generation batch at a time: each rank takes its contiguous share of the batch, and the rewards come back
+        gathered in process-major order, i.e. in plan order. A prompt's successes are its summed rewards (fractional
+        rewards are fractional pseudo-counts) and its trials the number of its scorable samples; a prompt none of
+        whose samples could be scored keeps the default prior. Runs before `accelerator.prepare`, on the model as
+        given. TRL's metrics and pending reward-function logs of the pre-pass are discarded."""
+        if self.environment_factories is not None:
+            raise ValueError(
+                "ASPOConfig.value_init_samples does not support `environment_factory` (environments own the rollout "
+                "state); initialize the tracker with value_init_file instead."
+            )
+        dataset = self.train_dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
+            raise ValueError(
+                "ASPOConfig.value_init_samples needs a map-style `datasets.Dataset` to enumerate prompts."
+            )
+        if {"image", "images"} & set(dataset.column_names):
+            raise ValueError("ASPOConfig.value_init_samples does not support image datasets; use value_init_file.")
+        keys = self._keys_of_rows(dataset)
+        first_rows: dict[str, int] = {}
+        for index, key in enumerate(keys):
+            first_rows.setdefault(key, index)
+        per_rank = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        span = per_rank * self.accelerator.num_processes
+        plan = self._prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
+        successes = dict.fromkeys(first_rows, 0.0)
+        trials = dict.fromkeys(first_rows, 0)
+
+        saved_metrics = copy.deepcopy(self._metrics)
+        was_training = self.model.training
+        self.model.train()  # sample as training does (TRL picks the train-mode settings from `model.training`)
+        rank = self.accelerator.process_index
+        try:
+            for start in tqdm(
+                range(0, len(plan), span),
+                desc="value pre-pass",
+                unit="batch",
+                disable=not self.accelerator.is_main_process,
+            ):
+                chunk = plan[start : start + span]
+                local = chunk[rank * per_rank : (rank + 1) * per_rank]
+                rewards = self._prepass_rewards([dataset[row] for row, _ in local])
+                for (row, counted), reward in zip(chunk, rewards.tolist(), strict=True):
+                    if counted and not math.isnan(reward):
+                        successes[keys[row]] += reward
+                        trials[keys[row]] += 1
+        finally:
+            self.model.train(was_training)
+            self._metrics = saved_metrics
+            self._pending_extra_logs.clear()
+            self._pending_metrics.clear()
+
+        scored = [key for key in first_rows if trials[key] > 0]
+        counts = dict(prior_strength=self.args.value_prior_strength)
+        if isinstance(self._value_tracker, EventValueTracker):
+            counts["event"] = self._value_event
         self._value_tracker.init_from_counts(
-            keys, torch.tensor(successes), torch.tensor(trials), prior_strength=self.args.value_prior_strength
+            scored, [successes[key] for key in scored], [trials[key] for key in scored], **counts
         )
+        self._refresh_priorities()
+
+    def _prepass_rewards(self, inputs: list[dict]) -> torch.Tensor:
+        """One completion per row of `inputs` with TRL's generation; total rewards gathered across ranks, mapped
+        to [0, 1] as the tracker sees them (NaN where every reward function returned None)."""
+        prompts = [row["prompt"] for row in inputs]
+        if self.tools:
+            # TRL's tool loop reads each rollout's tools from per-rollout dicts that `_generate_and_score_completions`
+            # builds; without environments they hold the standalone tools.
+            sync_tools = {
+                tool.__name__: tool for tool in self._standalone_tools if not inspect.iscoroutinefunction(tool)
+            }
+            async_tools = {tool.__name__: tool for tool in self._standalone_tools if inspect.iscoroutinefunction(tool)}
+            self._sync_tool_dicts = [sync_tools] * len(inputs)
+            self._async_tool_dicts = [async_tools] * len(inputs)
+        _, completion_ids, _, completions, _, extra_fields, _, _ = self._generate(prompts)
+        # As TRL does before scoring: a rollout function's extra fields become reward-function columns.
+        for index, row in enumerate(inputs):
+            for name, values in extra_fields.items():
+                if not isinstance(values, list):
+                    row[name] = values
+                elif index < len(values):
+                    row[name] = values[index]
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return self._rewards_for_tracker(rewards).cpu()
 
     # ---------------------------------------------------------------- loss
     def _compute_loss(self, model, inputs):
@@ -509,17 +688,37 @@ class ASPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------- checkpoints
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
+        tracker = None if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
         checkpoint = os.path.join(
             self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         )
         state = {"value_event": self._value_event, "aspo_kl_coef": self._aspo_kl_coef}
-        if self._value_tracker is not None:
-            state["tracker"] = self._value_tracker.state_dict()
+        if tracker is not None:
+            state["tracker"] = tracker.state_dict()
         if getattr(self, "_priority_sampler", None) is not None:
-            state["sampler"] = self._priority_sampler.state_dict()
+            # Weights of the checkpoint's tracker (which may have closed a pending round), so the file is consistent.
+            sampler = copy.deepcopy(self._priority_sampler)
+            sampler.set_values(self._tracker_values(self._dataset_keys, tracker))
+            state["sampler"] = sampler.state_dict()
         torch.save(state, os.path.join(checkpoint, STATE_FILE))
+
+    def _checkpoint_tracker(self) -> EventValueTracker | VisitValueTracker:
+        """The tracker a run resumed from this checkpoint must start from.
+
+        With KL-adaptive rho the last round's outcomes wait for the updates that use it. A resumed run starts with a
+        fresh generation round, so the checkpoint closes the pending round with the current model: at a round
+        boundary this is exactly the rho the next dispatch computes (the model does not change in between). It is
+        done on a copy, so the running training is untouched."""
+        if self._pending_visit is None:
+            return self._value_tracker
+        tracker = copy.deepcopy(self._value_tracker)
+        tracker.observe(
+            self._pending_visit["keys"], self._pending_visit["outcomes"], self._pending_visit_rho(self._pending_visit)
+        )
+        return tracker
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -529,7 +728,16 @@ class ASPOTrainer(GRPOTrainer):
         state = torch.load(path, weights_only=False)
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
+        self._pending_visit = None
         if self._value_tracker is not None and "tracker" in state:
-            self._value_tracker.load_state_dict(state["tracker"])
+            try:
+                self._value_tracker.load_state_dict(state["tracker"])
+            except ValueError as error:
+                raise ValueError(
+                    f"{path} holds a value tracker that advantage_estimator={self.args.advantage_estimator!r} cannot "
+                    f"resume: {error}"
+                ) from None
         if getattr(self, "_priority_sampler", None) is not None and "sampler" in state:
             self._priority_sampler.load_state_dict(state["sampler"])
+        # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
+        self._refresh_priorities()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -23,6 +25,8 @@ from trl_aspo.builtin import (
 from trl_aspo.builtin.calculator import calculator
 from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.tokenizer import MAX_NUMBER
+from trl_aspo.builtin.warmstart import TranscriptEncoder, WarmStartConfig, warm_start
+from trl_aspo.evaluation import tool_suffix_ids
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call><|im_end|>'
 PROMPT = [{"role": "user", "content": "What is 37 * 24?"}]
@@ -162,3 +166,27 @@ def test_tiny_calculator_loads():
     assert model.config.vocab_size == len(tokenizer)
     assert _all_ids(tokenizer) == _all_ids(build_tokenizer())
     assert tokenizer.response_template is not None
+
+
+def test_warm_start_transcripts_match_trl_rollouts(tokenizer):
+    """Segments concatenate to what TRL's tool loop builds, and only assistant turns are trained."""
+    encoder = TranscriptEncoder(tokenizer)
+    segments = encoder.encode((37, "*", 24), call=True, preamble="Let me compute.", direct_answer=0, tool_result=888)
+    ids = [token for segment in segments for token in segment.ids]
+    # Rendering the whole conversation and tokenizing it once gives the same ids (minus the final newline).
+    full = tokenizer.apply_chat_template(CONVERSATION, tools=[calculator], tokenize=False)
+    assert ids == tokenizer(full.removesuffix("\n"), add_special_tokens=False)["input_ids"]
+    prompt, call, suffix, final = segments
+    assert prompt.ids == _prompt_ids(tokenizer) and not prompt.trainable
+    assert suffix.ids == tool_suffix_ids(tokenizer, [CONVERSATION[2]]) and not suffix.trainable
+    assert tokenizer.decode(call.ids).startswith("Let me compute.\n<tool_call>") and call.trainable
+    assert tokenizer.decode(final.ids) == "The answer is 888.<|im_end|>" and final.trainable
+    direct = encoder.encode((37, "*", 24), call=False, preamble="", direct_answer=900, tool_result=888)
+    assert tokenizer.decode(direct[1].ids) == "The answer is 900.<|im_end|>"
+
+
+def test_warm_start_runs(tokenizer):
+    model = build_random_model(tokenizer, hidden_size=32, num_layers=1)
+    config = WarmStartConfig(steps=3, batch_size=4, copy_steps=1, warmup_steps=1, num_train_problems=30)
+    losses = warm_start(model, tokenizer, config, progress=False)
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)

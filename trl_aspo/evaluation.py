@@ -215,8 +215,8 @@ def evaluate_tool_use(
     Returns:
         Summary metrics (`accuracy` = avg@k, `pass_at_k`, `tool_call_rate`, `mean_first_call_position`,
         `calls_per_completion`, `interactive_turns_per_completion`, `accuracy_with_call`, `accuracy_without_call`,
-        `mean_completion_length` in action tokens, `mean_reward`, `num_problems`, `num_samples`) and `records`, one dict
-        per completion.
+        `mean_completion_length` in action tokens, `mean_reward`, `num_problems`, `num_samples`) and `records`, one
+        dict per completion.
     """
     rows = [dataset[i] for i in range(len(dataset))]
     opener_ids = tokenizer.encode(call_opener, add_special_tokens=False)

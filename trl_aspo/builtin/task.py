@@ -32,10 +32,11 @@ __all__ = [
     "extract_answer",
     "make_dataset",
     "make_problems",
+    "solve",
     "split_of",
 ]
 
-# Phrases the built-in transcripts use; the tokenizer trains its merges on them so each costs only a few tokens.
+# Phrases of the built-in transcripts. Preambles are text a model may write before calling (12-22 tokens each).
 QUESTION_TEMPLATE = "What is {a} {op} {b}?"
 ANSWER_TEMPLATE = "The answer is {answer}."
 PREAMBLES = [
@@ -45,8 +46,6 @@ PREAMBLES = [
     "Let me think step by step.",
     "Hmm, let me see.",
     "First, I look at the numbers.",
-    "Let me think step by step. First, I look at the numbers.",
-    "Hmm, let me see. This needs a calculator.",
 ]
 
 # Operand ranges per operation; results stay within the tokenizer's single-token numbers (<= 9999).
@@ -62,7 +61,8 @@ Problem = tuple[int, str, int]
 _ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)")
 
 
-def _solve(a: int, op: str, b: int) -> int:
+def solve(a: int, op: str, b: int) -> int:
+    """The exact answer of a problem."""
     return {"*": a * b, "+": a + b, "-": a - b}[op]
 
 
@@ -77,10 +77,17 @@ def make_problems(split: str, n: int, seed: int = 0, operations: tuple[str, ...]
     """`n` distinct problems of `split`, drawn with a seeded generator (operations in equal proportions)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    fraction = TEST_FRACTION if split == "test" else 1 - TEST_FRACTION
+    for index, op in enumerate(operations):
+        left, right = OPERATIONS[op]
+        wanted = len(range(index, n, len(operations)))
+        # Rejection sampling slows down as a split's problems run out; stay well below half of them.
+        available = int(0.5 * fraction * len(left) * len(right) / (2 if op == "-" else 1))
+        if wanted > available:
+            raise ValueError(f"{n} problems need {wanted} {op!r} problems in {split!r}; at most {available} allowed")
     rng = random.Random(f"{seed}-{split}")
     problems: list[Problem] = []
     seen: set[Problem] = set()
-    # Rejection sampling: each split holds tens of thousands of problems, far more than any dataset we draw.
     while len(problems) < n:
         op = operations[len(problems) % len(operations)]
         left, right = OPERATIONS[op]
@@ -102,7 +109,7 @@ def make_dataset(split: str, n: int, seed: int = 0, operations: tuple[str, ...] 
             "prompt": [
                 [{"role": "user", "content": QUESTION_TEMPLATE.format(a=a, op=op, b=b)}] for a, op, b in problems
             ],
-            "answer": [_solve(*problem) for problem in problems],
+            "answer": [solve(*problem) for problem in problems],
         }
     )
 

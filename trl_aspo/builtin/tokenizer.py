@@ -27,7 +27,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
 from .calculator import calculator
-from .task import ANSWER_TEMPLATE, PREAMBLES, QUESTION_TEMPLATE
+from .task import ANSWER_TEMPLATE, QUESTION_TEMPLATE
 
 # Largest integer with its own token. 2-digit x 2-digit products (<= 9801) and 3-digit sums (<= 1998) fit.
 MAX_NUMBER = 9999
@@ -54,20 +54,21 @@ def _corpus() -> list[str]:
     BPE merge whole lines of the boilerplate into single tokens.
     """
     texts = []
+    # The preambles stay out of the corpus on purpose: left unmerged they cost several tokens each, so a call after
+    # some text is measurably later than a call opening the turn (what tool-position shaping acts on).
     for op in ("*", "+", "-"):
-        for preamble in ["", *PREAMBLES]:
-            question = QUESTION_TEMPLATE.format(a=12, op=op, b=34)
-            call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"12{op}34"}}}
-            messages = [
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": preamble, "tool_calls": [call]},
-                {"role": "tool", "name": "calculator", "content": "408"},
-                {"role": "assistant", "content": ANSWER_TEMPLATE.format(answer=408)},
-            ]
-            rendered, _ = render_jinja_template(
-                [messages], tools=[calculator], chat_template=qwen2_5_chat_template, add_generation_prompt=True
-            )
-            texts.append(rendered[0])
+        question = QUESTION_TEMPLATE.format(a=12, op=op, b=34)
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"12{op}34"}}}
+        messages = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "calculator", "content": "408"},
+            {"role": "assistant", "content": ANSWER_TEMPLATE.format(answer=408)},
+        ]
+        rendered, _ = render_jinja_template(
+            [messages], tools=[calculator], chat_template=qwen2_5_chat_template, add_generation_prompt=True
+        )
+        texts.extend(rendered * 8)
     markup = "|".join(re.escape(t) for t in CONTROL_TOKENS + TOOL_TOKENS)
     return [piece for text in texts for piece in re.split(rf"{markup}|\d+", text) if piece]
 

@@ -27,7 +27,16 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from ..evaluation import tool_suffix_ids
-from .task import ANSWER_TEMPLATE, PREAMBLES, QUESTION_TEMPLATE, Problem, calculator, make_problems
+from .task import (
+    ANSWER_TEMPLATE,
+    OPERATIONS,
+    PREAMBLES,
+    QUESTION_TEMPLATE,
+    Problem,
+    calculator,
+    make_problems,
+    solve,
+)
 from .tokenizer import MAX_NUMBER
 
 IGNORE_INDEX = -100
@@ -44,13 +53,14 @@ class WarmStartConfig:
     warmup_steps: int = 50
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    num_train_problems: int = 20_000
-    # The first `copy_steps` always call the tool, half the time with a random tool result: every number token is
-    # copied in context, which forms the copy circuit before the model has to decide anything.
-    copy_steps: int = 300
-    random_result_probability: float = 0.5
-    # After the curriculum, a lower share of random results keeps rare number tokens copyable.
-    late_random_result_probability: float = 0.15
+    num_train_problems: int = 9_000
+    number_loss_weight: float = 2.0
+    # The first `copy_steps` always call the tool and get a random tool result: only copying can predict the answer,
+    # so the copy circuit forms (over every number token) before the model has to decide anything.
+    copy_steps: int = 500
+    random_result_probability: float = 1.0
+    # After the curriculum, a share of random results keeps copying (rather than estimating) the rule.
+    late_random_result_probability: float = 0.3
     # The mix that leaves room for RL: how often a transcript calls, and how often text comes first.
     call_probability: float = 0.4
     preamble_probability: float = 0.7
@@ -108,7 +118,10 @@ class TranscriptEncoder:
             content = " ".join(filter(None, [preamble, ANSWER_TEMPLATE.format(answer=direct_answer)]))
             turn = {"role": "assistant", "content": content}
             return [*segments, Segment(self._encode(self._turn_text([user], turn)), trainable=True)]
-        tool_call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}}}
+        tool_call = {
+            "type": "function",
+            "function": {"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}},
+        }
         turn = {"role": "assistant", "content": preamble, "tool_calls": [tool_call]}
         final = {"role": "assistant", "content": ANSWER_TEMPLATE.format(answer=tool_result)}
         return [
@@ -120,6 +133,12 @@ class TranscriptEncoder:
         ]
 
 
+def _random_problem(rng: random.Random, op: str) -> Problem:
+    left, right = OPERATIONS[op]
+    a, b = rng.choice(left), rng.choice(right)
+    return (a, op, b) if op != "-" or a >= b else (b, op, a)
+
+
 def sample_transcript(
     rng: random.Random,
     encoder: TranscriptEncoder,
@@ -128,15 +147,17 @@ def sample_transcript(
     curriculum: bool,
 ) -> list[Segment]:
     """Draw one transcript's decisions (call or not, preamble, guess, tool result) and encode it."""
-    a, op, b = problem
-    truth = {"*": a * b, "+": a + b, "-": a - b}[op]
+    truth = solve(*problem)
+    op = problem[1]
     call = curriculum or rng.random() < config.call_probability
     preamble = rng.choice(PREAMBLES) if rng.random() < config.preamble_probability else ""
-    guess = truth
-    if rng.random() >= config.direct_correct_probability:
-        guess = min(MAX_NUMBER, max(0, truth + rng.choice([-1, 1]) * rng.randint(1, max(2, truth // 10))))
+    # A wrong guess is the answer to another problem of the same kind: plausible, but carrying no arithmetic the
+    # model could half-learn (near-miss guesses taught it to estimate, which then competed with copying the tool).
+    guess = truth if rng.random() < config.direct_correct_probability else solve(*_random_problem(rng, op))
     random_probability = config.random_result_probability if curriculum else config.late_random_result_probability
-    result = rng.randint(0, MAX_NUMBER) if rng.random() < random_probability else truth
+    # A random result is the answer of a random problem (any split): it trains copying on exactly the numbers answers
+    # can be, each seen often, without showing any held-out problem.
+    result = solve(*_random_problem(rng, rng.choice(list(OPERATIONS)))) if rng.random() < random_probability else truth
     return encoder.encode(problem, call, preamble, guess, result)
 
 
@@ -155,14 +176,42 @@ def collate(transcripts: list[list[Segment]], pad_token_id: int) -> dict[str, to
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def _loss(model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def _loss(
+    model: Qwen2ForCausalLM, batch: dict[str, torch.Tensor], number_ids: torch.Tensor, number_weight: float
+) -> tuple[torch.Tensor, float]:
+    """Cross-entropy on assistant tokens, and the argmax accuracy on number targets (how well copying works)."""
     # Project only the supervised positions onto the vocabulary: the 10k-token head dominates the cost, and most
     # positions are prompt or tool output.
     hidden = model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     targets = batch["labels"][:, 1:]
     selected = targets != IGNORE_INDEX
     logits = model.lm_head(hidden[:, :-1][selected])
-    return torch.nn.functional.cross_entropy(logits, targets[selected])
+    targets = targets[selected]
+    is_number = torch.isin(targets, number_ids)
+    number_accuracy = (logits[is_number].argmax(-1) == targets[is_number]).float().mean().item()
+    # Numbers are a few targets among many easy boilerplate tokens; weighting them speeds up forming the copy circuit.
+    weights = 1.0 + (number_weight - 1.0) * is_number.float()
+    losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    return (losses * weights).sum() / weights.sum(), number_accuracy
+
+
+def _number_ids(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
+    return torch.tensor(tokenizer.convert_tokens_to_ids([str(n) for n in range(MAX_NUMBER + 1)]))
+
+
+def init_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, seed: int) -> None:
+    """Give every number token a shared component on top of its random embedding.
+
+    Attention must find numbers to copy them, including numbers rarely or never seen in training (a held-out
+    problem's result). A shared "is a number" direction from the start lets the learned query match any number's key,
+    while the random part keeps each number's identity for the copy itself.
+    """
+    number_ids = _number_ids(tokenizer)
+    generator = torch.Generator().manual_seed(seed)
+    embeddings = model.get_input_embeddings().weight
+    shared = torch.randn(embeddings.shape[1], generator=generator) * model.config.initializer_range
+    with torch.no_grad():
+        embeddings[number_ids] += shared
 
 
 def warm_start(
@@ -186,22 +235,25 @@ def warm_start(
         return 0.5 * (1 + math.cos(math.pi * progress_))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    number_ids = _number_ids(tokenizer)
     model.train()
     losses = []
     bar = tqdm(range(config.steps), desc="warm start", disable=not progress)
     for step in bar:
         curriculum = step < config.copy_steps
         transcripts = [
-            sample_transcript(rng, encoder, rng.choice(problems), config, curriculum)
-            for _ in range(config.batch_size)
+            sample_transcript(rng, encoder, rng.choice(problems), config, curriculum) for _ in range(config.batch_size)
         ]
-        loss = _loss(model, collate(transcripts, tokenizer.pad_token_id))
+        batch = collate(transcripts, tokenizer.pad_token_id)
+        loss, number_accuracy = _loss(model, batch, number_ids, config.number_loss_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         optimizer.step()
         scheduler.step()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{loss.item():.3f}", phase="copy" if curriculum else "mix")
+        bar.set_postfix(
+            loss=f"{loss.item():.3f}", numbers=f"{number_accuracy:.2f}", phase="copy" if curriculum else "mix"
+        )
     model.eval()
     return losses

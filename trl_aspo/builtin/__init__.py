@@ -9,6 +9,7 @@ from .model import (
     is_builtin,
     load_builtin,
 )
+from .task import calculator, correctness_reward, make_dataset
 from .tokenizer import build_tokenizer, is_builtin_tokenizer_dir, load_tokenizer
 
 __all__ = [
@@ -18,8 +19,11 @@ __all__ = [
     "build_model_config",
     "build_random_model",
     "build_tokenizer",
+    "calculator",
+    "correctness_reward",
     "is_builtin",
     "is_builtin_tokenizer_dir",
     "load_builtin",
     "load_tokenizer",
+    "make_dataset",
 ]

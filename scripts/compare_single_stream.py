@@ -1,6 +1,6 @@
 """Evidence for single-stream training (issue 6): SPO++ with one completion per prompt versus TRL's group baseline.
 
-    python scripts/compare_single_stream.py [--steps 48] [--group_sizes 4 8] [--learning_rate 1e-4] [--output_dir DIR]
+    python scripts/compare_single_stream.py [--steps 80] [--group_sizes 4 8] [--learning_rate 1e-4] [--output_dir DIR]
 
 Every run starts from the same warm-started checkpoint, uses the same seed, optimizer and loss, and generates the same
 number of completions per step (`--completions_per_step`, 32 by default), so all runs cost the same generation budget:
@@ -11,13 +11,15 @@ number of completions per step (`--completions_per_step`, 32 by default), so all
 
 The training split is small on purpose (`--train_problems`, 128 by default): the tracker only helps on prompts it has
 seen before, and with a small split every run sees each prompt about equally often (32 x steps / 128 completions per
-prompt, whatever the layout). Tools are on (the calculator, one tool round).
+prompt, whatever the layout). Tools are on (the calculator, one tool round). With the defaults (80 steps, two runs) it
+took 11 minutes on two CPU cores shared with another training job.
 
-Reported per run: the reward-curve area (mean training reward over all steps), the final held-out accuracy (greedy,
-`trl_aspo.evaluation.evaluate_tool_use` with the trainer's tool loop), and the share of completions whose advantage is
-exactly zero (under the group baseline: the completions of all-correct or all-wrong groups, compute that teaches
-nothing). Prints a markdown table and writes `results.json`, `results.md` and `compare_single_stream.png` (reward and
-zero-advantage share per step) to `--output_dir`. It reports what it measures; nothing is tuned to a target.
+Reported per run: the reward-curve area (mean training reward over all steps), the final held-out accuracy
+(`trl_aspo.evaluation.evaluate_tool_use` with the trainer's tool loop; greedy and, by default, also sampled at
+temperature 1), and the share of completions whose advantage is zero after baseline and normalization (under the group
+baseline: the completions of all-correct or all-wrong groups, compute that teaches nothing). Prints a markdown table
+and writes `results.json`, `results.md` and `compare_single_stream.png` (reward and zero-advantage share per step) to
+`--output_dir`. It reports what it measures; nothing is tuned to a target.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ SINGLE_STREAM = "spo++"
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=TINY_CALCULATOR, help="built-in starting model (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=48, help="optimizer steps (= generation rounds) per run")
+    parser.add_argument("--steps", type=int, default=80, help="optimizer steps (= generation rounds) per run")
     parser.add_argument(
         "--completions_per_step", type=int, default=32, help="generated completions per step, all runs"
     )
@@ -59,14 +61,29 @@ def parse_args() -> argparse.Namespace:
         "--prioritized_sampling", action="store_true", help="spo++ run: draw prompts by sqrt(v(1-v)) + 0.05"
     )
     parser.add_argument("--train_problems", type=int, default=128, help="size of the training split")
-    parser.add_argument("--eval_problems", type=int, default=200, help="held-out problems, evaluated greedily")
+    parser.add_argument("--eval_problems", type=int, default=200, help="held-out problems")
+    parser.add_argument(
+        "--eval_samples",
+        type=int,
+        default=2,
+        help="completions per held-out problem of the sampled (temperature 1) evaluation; 0 = greedy only",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default 1: the tiny model gains nothing from more, and on shared cores they contend)",
+    )
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/compare_single_stream"))
     args = parser.parse_args()
     for name in ("steps", "completions_per_step", "max_completion_length", "train_problems", "eval_problems"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
+    if args.eval_samples < 0:
+        parser.error("--eval_samples must be >= 0")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
     for group in args.group_sizes:
         if group < 2 or args.completions_per_step % group:
             parser.error(f"--group_sizes: {group} must be >= 2 and divide --completions_per_step")
@@ -144,23 +161,31 @@ def train(name: str, group: int, args: argparse.Namespace, dataset, device: str)
     return trainer.model, tokenizer, history
 
 
-def evaluate(model, tokenizer, dataset, args: argparse.Namespace, label: str) -> dict[str, Any]:
-    """Greedy held-out accuracy and tool statistics (one completion per problem, the trainer's tool loop)."""
-    print(f"evaluating {label} on {len(dataset)} held-out problems (greedy)")
-    summary = evaluate_tool_use(
-        model,
-        tokenizer,
-        dataset,
-        correctness_reward,
-        [calculator],
-        num_samples=1,
-        temperature=0.0,
-        max_completion_length=args.max_completion_length,
-        max_tool_calls=args.max_tool_calling_iterations,
-        seed=args.seed,
-    )
-    summary.pop("records")
-    return summary
+def evaluate(model, tokenizer, dataset, args: argparse.Namespace, label: str) -> dict[str, dict[str, Any]]:
+    """Held-out accuracy and tool statistics with the trainer's tool loop: greedy (one completion per problem) and,
+    unless `--eval_samples 0`, sampled at temperature 1 (the policy training samples from; a warm start whose most
+    likely path skips the tool can score 0 greedily while its sampled policy already solves problems)."""
+    settings = {"greedy": (1, 0.0)}
+    if args.eval_samples:
+        settings["sampled"] = (args.eval_samples, 1.0)
+    results = {}
+    for mode, (samples, temperature) in settings.items():
+        print(f"evaluating {label} on {len(dataset)} held-out problems x {samples} ({mode})")
+        summary = evaluate_tool_use(
+            model,
+            tokenizer,
+            dataset,
+            correctness_reward,
+            [calculator],
+            num_samples=samples,
+            temperature=temperature,
+            max_completion_length=args.max_completion_length,
+            max_tool_calls=args.max_tool_calling_iterations,
+            seed=args.seed,
+        )
+        summary.pop("records")
+        results[mode] = summary
+    return results
 
 
 def curve(history: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -202,18 +227,28 @@ def plot(histories: dict[str, list[dict]], path: Path) -> None:
     plt.close(figure)
 
 
-def summarize(history: list[dict], evaluation: dict[str, Any], seconds: float) -> dict[str, float]:
+def heldout(evaluation: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The held-out numbers of the table; sampled ones are NaN when the sampled evaluation was skipped."""
+    sampled = evaluation.get("sampled", {})
+    return {
+        "heldout_accuracy": evaluation["greedy"]["accuracy"],
+        "heldout_tool_call_rate": evaluation["greedy"]["tool_call_rate"],
+        "heldout_accuracy_sampled": sampled.get("accuracy", math.nan),
+        "heldout_tool_call_rate_sampled": sampled.get("tool_call_rate", math.nan),
+    }
+
+
+def summarize(history: list[dict], evaluation: dict[str, dict[str, Any]], seconds: float) -> dict[str, float]:
     return {
         "reward_curve_area": mean(curve(history, "reward")[1]),
         "final_reward_last_10": mean(curve(history, "reward")[1][-10:]),
         "zero_advantage_share": mean(curve(history, "zero_advantage_share")[1]),
-        "heldout_accuracy": evaluation["accuracy"],
-        "heldout_tool_call_rate": evaluation["tool_call_rate"],
+        **heldout(evaluation),
         "train_minutes": seconds / 60,
     }
 
 
-def markdown(initial: dict[str, Any], summaries: dict[str, dict[str, float]]) -> str:
+def markdown(initial: dict[str, dict[str, Any]], summaries: dict[str, dict[str, float]]) -> str:
     def cell(value: float, fmt: str) -> str:
         return "n/a" if value is None or math.isnan(value) else fmt.format(value)
 
@@ -222,12 +257,14 @@ def markdown(initial: dict[str, Any], summaries: dict[str, dict[str, float]]) ->
         ("training reward, last 10 steps", "final_reward_last_10", "{:.3f}"),
         ("zero-advantage share of completions", "zero_advantage_share", "{:.1%}"),
         ("held-out accuracy (greedy)", "heldout_accuracy", "{:.1%}"),
-        ("held-out tool-call rate", "heldout_tool_call_rate", "{:.1%}"),
+        ("held-out tool-call rate (greedy)", "heldout_tool_call_rate", "{:.1%}"),
+        ("held-out accuracy (sampled, T=1)", "heldout_accuracy_sampled", "{:.1%}"),
+        ("held-out tool-call rate (sampled, T=1)", "heldout_tool_call_rate_sampled", "{:.1%}"),
         ("training time (min)", "train_minutes", "{:.1f}"),
     )
     names = list(summaries)
     lines = [f"| metric | initial | {' | '.join(names)} |", "|---|---:|" + "---:|" * len(names)]
-    initial_cells = {"heldout_accuracy": initial["accuracy"], "heldout_tool_call_rate": initial["tool_call_rate"]}
+    initial_cells = heldout(initial)
     for label, key, fmt in rows:
         values = " | ".join(cell(summaries[name][key], fmt) for name in names)
         lines.append(f"| {label} | {cell(initial_cells.get(key, math.nan), fmt)} | {values} |")
@@ -249,8 +286,7 @@ def json_ready(value: Any) -> Any:
 
 def main() -> None:
     args = parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
@@ -272,7 +308,7 @@ def main() -> None:
         f"## Single stream vs group baseline: {args.model}, {args.steps} steps x {args.completions_per_step} "
         f"completions, lr {args.learning_rate:g}, {args.train_problems} training problems, seed {args.seed}, "
         f"prioritized sampling {'on' if args.prioritized_sampling else 'off'}; held-out {args.eval_problems} "
-        f"problems, greedy ({minutes:.1f} min)\n"
+        f"problems, greedy and {args.eval_samples} sampled at T=1 ({minutes:.1f} min)\n"
     )
     table = markdown(initial, summaries)
     print(f"\n{header}\n{table}\n")

@@ -39,6 +39,8 @@ def make(**overrides):
         ({"value_rho_min": 0.99}, "value_rho_min"),
         ({"value_prior_strength": 0.0}, "value_prior_strength"),
         ({"value_init_samples": -1}, "value_init_samples"),
+        ({"value_init_samples": 4}, "value_init_samples"),  # the group estimator has no tracker to initialize
+        ({"value_init_file": "counts.json"}, "value_init_file"),
         ({"value_reward_range": [1.0, 0.0]}, "value_reward_range"),
         ({"prioritized_sampling": True}, "prioritized_sampling"),
         ({"priority_epsilon": 0.0}, "priority_epsilon"),

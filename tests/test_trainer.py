@@ -94,3 +94,15 @@ def test_builtin_model_name_loads_locally(calculator_dataset, tiny_config):
     trainer = ASPOTrainer("builtin:tiny-random", [digit_share_reward], tiny_config(), calculator_dataset)
     assert trainer.processing_class.chat_template is not None
     assert trainer.model.config.model_type == "qwen2"
+
+
+def test_prioritized_sampling_refuses_iterable_dataset(tiny_model, tiny_tokenizer, calculator_dataset, tiny_config):
+    config = tiny_config(advantage_estimator="spo++", num_generations=1, prioritized_sampling=True, max_steps=1)
+    with pytest.raises(ValueError, match="prioritized_sampling needs a map-style"):
+        ASPOTrainer(
+            tiny_model,
+            [digit_share_reward],
+            config,
+            calculator_dataset.to_iterable_dataset(),
+            processing_class=tiny_tokenizer,
+        )

@@ -387,6 +387,11 @@ class ASPOConfig(GRPOConfig):
         require(self.value_prior_strength > 0, "value_prior_strength", "must be > 0")
         require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
         require(
+            single_stream or (self.value_init_samples == 0 and self.value_init_file is None),
+            "value_init_samples" if self.value_init_samples else "value_init_file",
+            "initializes the value tracker, so it needs advantage_estimator='spo' or 'spo++'",
+        )
+        require(
             not (self.value_init_samples > 0 and self.value_init_file is not None),
             "value_init_file",
             "give either value_init_file or value_init_samples > 0, not both",

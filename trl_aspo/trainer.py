@@ -106,6 +106,11 @@ class ASPOTrainer(GRPOTrainer):
         args = _as_aspo_config(args)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
 
+        if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
+            raise ValueError(
+                "ASPOConfig.prioritized_sampling needs a map-style `datasets.Dataset`: an iterable dataset streams "
+                "its rows in order and cannot be drawn from by priority."
+            )
         self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
         self._value_event = 0
         self._pending_visit = None
@@ -218,7 +223,7 @@ class ASPOTrainer(GRPOTrainer):
         # tracker, completions whose R - v equals the batch mean (e.g. every reward 0 while every value is equal).
         unsignaled = centered
         if rewrite:
-            advantages = self._normalize(centered, output, tool_stats[:, 1])
+            advantages = self._normalize(centered, output, tool_stats[:, 1], scorable)
             unsignaled = torch.where(scorable, advantages, torch.zeros_like(advantages))
             if self.args.tool_shaping:
                 advantages = self._shape(advantages, rewards_per_func, rewards, tool_stats, output)
@@ -245,13 +250,17 @@ class ASPOTrainer(GRPOTrainer):
         start = self.accelerator.process_index * len(inputs)
         return gathered[start : start + len(inputs)].to(self.accelerator.device)
 
-    def _normalize(self, centered: torch.Tensor, output, lengths: torch.Tensor) -> torch.Tensor:
+    def _normalize(self, centered, output, lengths, scorable) -> torch.Tensor:
+        """Scale the centered advantages; unscorable completions take no part in the statistics and stay at 0."""
         normalization = self.args.advantage_normalization
         if normalization == "group":
             return self.accelerator.gather(output["advantages"])
+        normalized = torch.zeros_like(centered)
         if normalization == "batch":
-            return batch_normalize(centered)
-        return token_measure_normalize(centered, lengths)
+            normalized[scorable] = batch_normalize(centered[scorable])
+        else:
+            normalized[scorable] = token_measure_normalize(centered[scorable], lengths[scorable])
+        return normalized
 
     def _tool_statistics(self, output, action_mask: torch.Tensor) -> torch.Tensor:
         if self.args.tool_call_pattern is not None:

@@ -16,6 +16,7 @@ decoding (`--eval_temperature 0`) only shows a change once the most likely first
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import time
@@ -60,7 +61,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval_problems", type=int, default=200, help="held-out problems evaluated")
     parser.add_argument("--eval_samples", type=int, default=2, help="completions per held-out problem")
     parser.add_argument("--eval_temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1 is fastest for this tiny model on a busy 2-core box)",
+    )
     parser.add_argument("--output_dir", type=Path, default=Path("outputs/compare_tool_shaping"))
     args = parser.parse_args()
     for name in ("steps", "num_prompts", "num_generations", "max_completion_length", "eval_problems", "eval_samples"):
@@ -98,9 +104,12 @@ class CompactProgress(TrainerCallback):
         self.bar.close()
 
 
-def train(name: str, shaping: bool, args: argparse.Namespace, dataset, device: str) -> tuple[Any, Any, list[dict]]:
-    """Train one run from the starting checkpoint; return the model, its tokenizer and the per-step logs."""
-    model, tokenizer = load_model_and_tokenizer(args.model, device)
+def train(
+    name: str, shaping: bool, args: argparse.Namespace, dataset, start_model, tokenizer, device: str
+) -> tuple[Any, list[dict]]:
+    """Train a copy of the starting model; return the trained model and the per-step logs."""
+    # A copy of one loaded model, not a reload: both runs provably start from the same weights.
+    model = copy.deepcopy(start_model)
     config = ASPOConfig(
         output_dir=str(args.output_dir / name.replace(" ", "_")),
         per_device_train_batch_size=args.num_prompts * args.num_generations,
@@ -127,7 +136,7 @@ def train(name: str, shaping: bool, args: argparse.Namespace, dataset, device: s
     trainer.add_callback(CompactProgress(name))
     trainer.train()
     history = [row for row in trainer.state.log_history if "reward" in row]
-    return trainer.model, tokenizer, history
+    return trainer.model, history
 
 
 def evaluate(model, tokenizer, dataset, args: argparse.Namespace, label: str) -> dict[str, Any]:
@@ -240,19 +249,18 @@ def markdown(initial: dict, evals: dict[str, dict], histories: dict[str, list[di
 
 def main() -> None:
     args = parse_args()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     start = time.perf_counter()
     train_dataset = make_dataset("train", args.train_problems, seed=args.seed)
     test_dataset = make_dataset("test", args.eval_problems, seed=args.seed)
 
-    model, tokenizer = load_model_and_tokenizer(args.model, device)
-    initial = evaluate(model, tokenizer, test_dataset, args, "the initial checkpoint")
+    start_model, tokenizer = load_model_and_tokenizer(args.model, device)
+    initial = evaluate(start_model, tokenizer, test_dataset, args, "the initial checkpoint")
     evals, histories = {}, {}
     for name, shaping in RUNS.items():
-        model, tokenizer, histories[name] = train(name, shaping, args, train_dataset, device)
+        model, histories[name] = train(name, shaping, args, train_dataset, start_model, tokenizer, device)
         evals[name] = evaluate(model, tokenizer, test_dataset, args, name)
     table, comparison = markdown(initial, evals, histories)
     minutes = (time.perf_counter() - start) / 60

@@ -197,12 +197,6 @@ def test_regex_pattern_on_text_embedded_calls(tiny_tokenizer):
     assert turns.tolist() == [1, 0, 0]  # only the first call follows model text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ASPOTrainer._tool_statistics decodes the texts with skip_special_tokens=False but the detector decodes "
-    "with True (ValueError on any <|im_end|> or padding), and passes no completion_mask (padding counted as action "
-    "tokens); fix: pass None for the texts and completion_mask=output['completion_mask']",
-)
 def test_trainer_regex_pattern_statistics(tiny_tokenizer, tiny_model, calculator_dataset, tiny_config):
     trainer = ASPOTrainer(
         tiny_model,
@@ -212,7 +206,7 @@ def test_trainer_regex_pattern_statistics(tiny_tokenizer, tiny_model, calculator
         processing_class=tiny_tokenizer,
     )
     batch = _text_batch(tiny_tokenizer, FENCED)
-    stats = trainer._tool_statistics(batch, batch["completion_mask"] * batch["tool_mask"])
+    stats = trainer._tool_statistics(batch)
     assert [tuple(row[:3]) for row in stats.tolist()] == _expected_fenced(tiny_tokenizer, FENCED)
 
 
@@ -267,7 +261,7 @@ def test_tool_statistics_reduce_over_ranks(tiny_tokenizer, tiny_model, calculato
     other_rank = torch.tensor([[4, 9, 1, 1], [4, 12, 1, 1]])
     monkeypatch.setattr(trainer.accelerator, "gather", lambda local: torch.cat([local, other_rank.to(local)]))
 
-    stats = trainer._tool_statistics(batch, batch["completion_mask"] * batch["tool_mask"])
+    stats = trainer._tool_statistics(batch)
 
     assert stats.shape == (4, 4) and stats[:2, 0].tolist() == [-1, -1]
     metrics = trainer._metrics["train"]

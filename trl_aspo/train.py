@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
@@ -103,6 +104,8 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
 
 
 def main(argv: list[str] | None = None) -> None:
+    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     parser = make_parser(prog="trl-aspo train")
     script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(args=argv)
     run(script_args, training_args, model_args, dataset_args)

@@ -202,7 +202,7 @@ class ASPOTrainer(GRPOTrainer):
 
         device = self.accelerator.device
         action_mask = output["completion_mask"] * output.get("tool_mask", 1)
-        tool_stats = self._tool_statistics(output, action_mask)  # (N, 4) gathered: position, length, calls, turns
+        tool_stats = self._tool_statistics(output)  # (N, 4) gathered: position, length, calls, turns
         rewards_per_func = self._gathered_rewards_per_func
         rewards = (rewards_per_func * self.reward_weights.to(device)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
@@ -262,21 +262,21 @@ class ASPOTrainer(GRPOTrainer):
             normalized[scorable] = token_measure_normalize(centered[scorable], lengths[scorable])
         return normalized
 
-    def _tool_statistics(self, output, action_mask: torch.Tensor) -> torch.Tensor:
+    def _tool_statistics(self, output) -> torch.Tensor:
         if self.args.tool_call_pattern is not None:
-            texts = self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=False)
             stats = regex_tool_call_positions(
-                texts,
+                None,
                 output["completion_ids"],
                 self.processing_class,
                 self.args.tool_call_pattern,
                 output.get("tool_mask"),
+                completion_mask=output["completion_mask"],
             )
         else:
             stats = first_tool_call_positions(
                 output["completion_ids"], output.get("tool_mask"), output["completion_mask"], self._call_token_ids
             )
-        gathered = self.accelerator.gather(torch.stack(stats, dim=1))
+        gathered = self.accelerator.gather(torch.stack(stats, dim=1).to(self.accelerator.device))
         if self.tools or self.args.tool_call_pattern is not None or self.args.tool_shaping:
             for name, value in tool_call_metrics(*gathered.unbind(dim=1)).items():
                 self._metrics["train"][f"tools/{name}"].append(value)

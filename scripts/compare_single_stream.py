@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
-from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import TINY_CALCULATOR, load_builtin
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 from trl_aspo.evaluation import evaluate_tool_use
+from trl_aspo.progress import MetricProgressCallback
 
 SINGLE_STREAM = "spo++"
 
@@ -100,30 +99,6 @@ def run_names(args: argparse.Namespace) -> dict[str, int]:
     return runs
 
 
-class CompactProgress(TrainerCallback):
-    """One progress bar per run showing the step's reward and zero-advantage share, instead of a dict per step."""
-
-    def __init__(self, description: str) -> None:
-        self.description = description
-        self.bar = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.bar = tqdm(total=state.max_steps, desc=self.description, unit="step")
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        if "reward" in logs:
-            self.bar.set_postfix(
-                reward=f"{logs['reward']:.2f}", zero_adv=f"{logs.get('zero_advantage_share', math.nan):.2f}"
-            )
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.bar.update(1)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.bar.close()
-
-
 def train(name: str, group: int, args: argparse.Namespace, dataset, device: str) -> tuple[Any, Any, list[dict]]:
     """Train one run from the starting checkpoint; return the model, its tokenizer and the per-step logs."""
     model, tokenizer = load_builtin(args.model)
@@ -155,7 +130,7 @@ def train(name: str, group: int, args: argparse.Namespace, dataset, device: str)
         tools=[calculator],
     )
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(CompactProgress(name))
+    trainer.add_callback(MetricProgressCallback(name, {"reward": "reward", "zero_adv": "zero_advantage_share"}))
     trainer.train()
     history = [row for row in trainer.state.log_history if "reward" in row]
     return trainer.model, tokenizer, history

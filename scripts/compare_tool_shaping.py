@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
-from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from trl_aspo import ASPOConfig, ASPOTrainer
@@ -33,6 +31,7 @@ from trl_aspo.builtin import TINY_CALCULATOR
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 from trl_aspo.evaluate_cli import json_ready, load_model_and_tokenizer
 from trl_aspo.evaluation import evaluate_tool_use
+from trl_aspo.progress import MetricProgressCallback
 
 RUNS = {"shaping off": False, "shaping on": True}
 STYLES = {"shaping off": ("tab:gray", "--"), "shaping on": ("tab:blue", "-")}
@@ -77,33 +76,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-class CompactProgress(TrainerCallback):
-    """One progress bar per run with the step's reward and first-call position, instead of a printed dict per step."""
-
-    def __init__(self, description: str):
-        self.description = description
-        self.bar = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.bar = tqdm(total=state.max_steps, desc=self.description, unit="step")
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
-        if "reward" in logs:
-            position = logs.get("tools/first_call_position")
-            self.bar.set_postfix(
-                reward=f"{logs['reward']:.2f}",
-                first_call="n/a" if position is None else f"{position:.2f}",
-                calls=f"{logs.get('tools/tool_call_frac', math.nan):.2f}",
-            )
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.bar.update(1)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.bar.close()
-
-
 def train(
     name: str, shaping: bool, args: argparse.Namespace, dataset, start_model, tokenizer, device: str
 ) -> tuple[Any, list[dict]]:
@@ -133,7 +105,11 @@ def train(
         model, [correctness_reward], config, train_dataset=dataset, processing_class=tokenizer, tools=[calculator]
     )
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(CompactProgress(name))
+    trainer.add_callback(
+        MetricProgressCallback(
+            name, {"reward": "reward", "first_call": "tools/first_call_position", "calls": "tools/tool_call_frac"}
+        )
+    )
     trainer.train()
     history = [row for row in trainer.state.log_history if "reward" in row]
     return trainer.model, history

@@ -1,6 +1,6 @@
 """Evidence for tool-position shaping (issue 5): train with shaping on and off, same seed and budget, and compare.
 
-    python scripts/compare_tool_shaping.py [--steps 40] [--model builtin:tiny-calculator] [--output_dir DIR]
+    python scripts/compare_tool_shaping.py [--steps 120] [--model builtin:tiny-calculator] [--output_dir DIR]
 
 Both runs start from the same warm-started checkpoint, see the same prompts in the same order with the same seed and
 differ only in `tool_shaping`. Each trained model is then evaluated on the built-in task's held-out split with the
@@ -47,7 +47,7 @@ TARGET_ACCURACY_POINTS = 2.0
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=TINY_CALCULATOR, help="starting checkpoint (default: %(default)s)")
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    parser.add_argument("--steps", type=int, default=120, help="optimizer steps per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num_prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--num_generations", type=int, default=8, help="completions per prompt (the group)")

@@ -19,6 +19,7 @@ from trl_aspo.prompt_ids import prompt_key
 from trl_aspo.sampler import PrioritizedRepeatSampler
 from trl_aspo.tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
 from trl_aspo.trainer import STATE_FILE
+from trl_aspo.value_init import prepass_plan
 
 RHO = 0.875
 PRIOR = 0.5
@@ -469,12 +470,12 @@ def test_zero_advantage_share_is_measured_after_normalization(make_trainer):
 
 def test_prepass_plan_shards_whole_blocks_evenly():
     # 3 prompts x 3 samples in blocks of 2 (4 rows each, the 4th not counted), one batch = 2 ranks x 4 rows.
-    plan = ASPOTrainer._prepass_plan([5, 7, 9], samples=3, group=2, span=8)
+    plan = prepass_plan([5, 7, 9], samples=3, group=2, span=8)
     assert len(plan) == 16
     assert plan[:12] == [(row, sample < 3) for row in (5, 7, 9) for sample in range(4)]
     assert plan[12:] == [(5, False)] * 4
     assert all(plan[i][0] == plan[i + 1][0] for i in range(0, 16, 2))
-    assert ASPOTrainer._prepass_plan([1, 2], samples=2, group=1, span=4) == [
+    assert prepass_plan([1, 2], samples=2, group=1, span=4) == [
         (1, True),
         (1, True),
         (2, True),

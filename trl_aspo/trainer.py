@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import importlib
 import inspect
-import json
 import math
 import os
 
@@ -47,6 +46,7 @@ from .tool_metrics import (
     tool_call_metrics,
 )
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
+from .value_init import prepass_plan, read_init_counts
 
 STATE_FILE = "aspo_state.pt"
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
@@ -403,53 +403,13 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
     def _init_values_from_file(self, path: str) -> None:
-        """Initialize the tracker from a JSON list of {'prompt_id' | 'prompt', 'successes', 'trials'} records."""
-        where = f"ASPOConfig.value_init_file={path!r}"
-        try:
-            with open(path) as handle:
-                records = json.load(handle)
-        except OSError as error:
-            raise ValueError(f"{where} cannot be read: {error}") from None
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where} is not valid JSON: {error}") from None
-        if not isinstance(records, list):
-            raise ValueError(f"{where} must hold a JSON list of records, got a {type(records).__name__}.")
-        keys, successes, trials = [], [], []
-        for index, record in enumerate(records):
-            if (
-                not isinstance(record, dict)
-                or not {"successes", "trials"} <= set(record)
-                or not {"prompt_id", "prompt"} & set(record)
-            ):
-                got = f"keys {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
-                raise ValueError(
-                    f"{where}: record {index} must be an object with 'successes', 'trials' and 'prompt_id' or "
-                    f"'prompt'; got {got}."
-                )
-            counts = (record["successes"], record["trials"])
-            if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in counts):
-                raise ValueError(f"{where}: record {index} needs numeric 'successes' and 'trials', got {counts}.")
-            if "prompt_id" in record:
-                key = str(record["prompt_id"])
-            elif self.args.prompt_id_column is not None:
-                # A content hash would never match: prompts are identified by the column's values.
-                raise ValueError(
-                    f"{where}: record {index} names its prompt by 'prompt', but prompts are identified by "
-                    f"prompt_id_column={self.args.prompt_id_column!r}; give its 'prompt_id' instead."
-                )
-            else:
-                key = prompt_key(record["prompt"])
-            if key in keys:
-                raise ValueError(f"{where}: record {index} repeats the prompt of record {keys.index(key)}.")
-            keys.append(key)
-            successes.append(float(record["successes"]))
-            trials.append(float(record["trials"]))
+        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column)
         try:
             self._value_tracker.init_from_counts(
                 keys, successes, trials, prior_strength=self.args.value_prior_strength
             )
         except ValueError as error:
-            raise ValueError(f"{where}: {error}") from None
+            raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
 
     # ---------------------------------------------------------------- value pre-pass
     def train(
@@ -470,18 +430,6 @@ class ASPOTrainer(GRPOTrainer):
         ):
             self._value_init_prepass()
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
-
-    @staticmethod
-    def _prepass_plan(rows: list[int], samples: int, group: int, span: int) -> list[tuple[int, bool]]:
-        """The pre-pass rows as (dataset row, counted) pairs, in generation order; the length is a multiple of `span`.
-
-        Each prompt gets `samples` counted rows, rounded up to whole blocks of `group` identical rows (the layout
-        TRL's vLLM server mode expects: it generates once per block); the extra rows are not counted. The tail is
-        padded with uncounted copies of the first prompt so that every rank processes the same number of rows. `span`
-        (one generation batch across ranks) is a multiple of `group`, so padding keeps the blocks whole."""
-        block_rows = -(-samples // group) * group
-        plan = [(row, sample < samples) for row in rows for sample in range(block_rows)]
-        return plan + [(rows[0], False)] * (-len(plan) % span)
 
     @torch.no_grad()
     def _value_init_prepass(self) -> None:
@@ -511,7 +459,7 @@ class ASPOTrainer(GRPOTrainer):
             first_rows.setdefault(key, index)
         per_rank = self.args.per_device_train_batch_size * self.args.steps_per_generation
         span = per_rank * self.accelerator.num_processes
-        plan = self._prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
+        plan = prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
         successes = dict.fromkeys(first_rows, 0.0)
         trials = dict.fromkeys(first_rows, 0)
 

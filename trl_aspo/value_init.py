@@ -1,0 +1,72 @@
+"""Initial counts for the value tracker: from a JSON file, or the layout of a pre-pass with the starting policy.
+
+A prompt with s successes in n0 samples starts at alpha_0 = N0 (s + 0.5) / (n0 + 1), beta_0 = N0 (n0 - s + 0.5) /
+(n0 + 1) (`tracker.*.init_from_counts`; SPO, Xu & Ding 2025, arXiv 2509.13232). This module only produces the counts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .prompt_ids import prompt_key
+
+
+def read_init_counts(path: str, prompt_id_column: str | None) -> tuple[list[str], list[float], list[float]]:
+    """Read `[{'prompt_id' | 'prompt': ..., 'successes': s, 'trials': n}, ...]` into (keys, successes, trials).
+
+    A record names its prompt by `prompt_id` (matched against `prompt_id_column` values) or by the prompt itself
+    (matched by its content hash, so only when no `prompt_id_column` is used). Every problem raises a `ValueError`
+    naming the file and the record."""
+    where = f"ASPOConfig.value_init_file={path!r}"
+    try:
+        with open(path) as handle:
+            records = json.load(handle)
+    except OSError as error:
+        raise ValueError(f"{where} cannot be read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not valid JSON: {error}") from None
+    if not isinstance(records, list):
+        raise ValueError(f"{where} must hold a JSON list of records, got a {type(records).__name__}.")
+    keys, successes, trials = [], [], []
+    for index, record in enumerate(records):
+        if (
+            not isinstance(record, dict)
+            or not {"successes", "trials"} <= set(record)
+            or not {"prompt_id", "prompt"} & set(record)
+        ):
+            got = f"keys {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
+            raise ValueError(
+                f"{where}: record {index} must be an object with 'successes', 'trials' and 'prompt_id' or "
+                f"'prompt'; got {got}."
+            )
+        counts = (record["successes"], record["trials"])
+        if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in counts):
+            raise ValueError(f"{where}: record {index} needs numeric 'successes' and 'trials', got {counts}.")
+        if "prompt_id" in record:
+            key = str(record["prompt_id"])
+        elif prompt_id_column is not None:
+            # A content hash would never match: prompts are identified by the column's values.
+            raise ValueError(
+                f"{where}: record {index} names its prompt by 'prompt', but prompts are identified by "
+                f"prompt_id_column={prompt_id_column!r}; give its 'prompt_id' instead."
+            )
+        else:
+            key = prompt_key(record["prompt"])
+        if key in keys:
+            raise ValueError(f"{where}: record {index} repeats the prompt of record {keys.index(key)}.")
+        keys.append(key)
+        successes.append(float(record["successes"]))
+        trials.append(float(record["trials"]))
+    return keys, successes, trials
+
+
+def prepass_plan(rows: list[int], samples: int, group: int, span: int) -> list[tuple[int, bool]]:
+    """The pre-pass rows as (dataset row, counted) pairs, in generation order; the length is a multiple of `span`.
+
+    Each prompt gets `samples` counted rows, rounded up to whole blocks of `group` identical rows (the layout TRL's
+    vLLM server mode expects: it generates once per block); the extra rows are not counted. The tail is padded with
+    uncounted copies of the first prompt so that every rank processes the same number of rows. `span` (one generation
+    batch across ranks) is a multiple of `group`, so padding keeps the blocks whole."""
+    block_rows = -(-samples // group) * group
+    plan = [(row, sample < samples) for row in rows for sample in range(block_rows)]
+    return plan + [(rows[0], False)] * (-len(plan) % span)

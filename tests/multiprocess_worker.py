@@ -8,15 +8,11 @@ import json
 import sys
 
 import torch
+from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import load_builtin
 from trl_aspo.builtin.task import calculator, make_dataset
-
-
-def digit_share_reward(completions, **kwargs):
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
 def run(out_dir: str, estimator: str) -> None:

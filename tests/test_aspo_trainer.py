@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
 from trl_aspo.builtin.task import calculator, correctness_reward
-
-
-def digit_share_reward(completions, **kwargs):
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
 def _trainer(model, tokenizer, dataset, config, **kwargs):

@@ -28,7 +28,7 @@ def test_yaml_with_overrides_and_env(tmp_path, monkeypatch):
           ASPO_TEST_ENV: hello
         model_name_or_path: builtin:tiny-random
         dataset_name: builtin:calculator
-        reward_funcs: [builtin:correctness, tests.test_trainer.digit_share_reward]
+        reward_funcs: [builtin:correctness, tests.dense_reward.digit_share_reward]
         output_dir: out
         loss_type: aspo
         aspo_dual_clip: 2.5
@@ -47,7 +47,7 @@ def test_yaml_with_overrides_and_env(tmp_path, monkeypatch):
 
     assert os.environ["ASPO_TEST_ENV"] == "hello"
     assert model.model_name_or_path == "builtin:tiny-random"
-    assert script.reward_funcs == ["builtin:correctness", "tests.test_trainer.digit_share_reward"]
+    assert script.reward_funcs == ["builtin:correctness", "tests.dense_reward.digit_share_reward"]
     assert training.loss_type == "aspo"
     assert training.learning_rate == 3e-6  # command line beats YAML
     assert training.aspo_dual_clip == 4.0

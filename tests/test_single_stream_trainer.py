@@ -13,6 +13,7 @@ from collections import defaultdict
 
 import pytest
 import torch
+from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
 from trl_aspo.prompt_ids import prompt_key
@@ -23,12 +24,6 @@ from trl_aspo.value_init import prepass_plan
 
 RHO = 0.875
 PRIOR = 0.5
-
-
-def digit_share_reward(completions, **kwargs) -> list[float]:
-    """A dense reward in [0, 1] (share of digit characters), so that a random model's rewards vary."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
 def is_sum(prompt) -> bool:

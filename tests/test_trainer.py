@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dense_reward import digit_share_reward
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
 from trl_aspo.builtin.task import calculator, correctness_reward
-
-
-def digit_share_reward(completions, **kwargs):
-    """A dense reward in [0, 1] (share of digit characters) so that a random model's groups carry signal."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
 
 
 def _train(trainer_cls, config_cls, tiny_tokenizer, dataset, output_dir, **overrides):

@@ -158,8 +158,9 @@ class ASPOConfig(GRPOConfig):
     tool_shaping_interactive_bonus: float = field(
         default=0.0,
         metadata={
-            "help": "Optional extra bonus per interactive turn (a tool call preceded by model text) for completions "
-            "with positive advantage, as a fraction of |advantage|. 0 = off. Must be >= 0."
+            "help": "Optional extra bonus added to the advantage of completions with positive advantage: this value "
+            "per interactive turn (a tool call preceded by model text), counting at most 3 turns. 0 = off. Must be "
+            ">= 0."
         },
     )
     tool_shaping_penalty: str | None = field(

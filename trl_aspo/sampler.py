@@ -137,12 +137,14 @@ class PrioritizedRepeatSampler(Sampler[int]):
             raise ValueError(f"`rows` ({tuple(rows.shape)}) and `values` ({len(values)}) must match one to one.")
         if len(rows) and not (int(rows.min()) >= 0 and int(rows.max()) < self.num_samples):
             raise ValueError(f"`rows` must lie in [0, {self.num_samples}).")
-        weights = self._weights.clone()
-        weights[rows] = priority_weights(values, self.epsilon).to(weights)
-        self.weights = weights
+        # In place, without re-checking the other rows: new weights are finite and >= epsilon, so the weights stay
+        # valid unless a zero epsilon leaves fewer than batch_size positive entries.
+        self._weights[rows] = priority_weights(values, self.epsilon).to(self._weights)
+        if self.epsilon == 0:
+            self._check_weights(self._weights)
 
     def _check_weights(self, weights: torch.Tensor) -> torch.Tensor:
-        weights = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+        weights = torch.as_tensor(weights, dtype=torch.float64).detach().cpu().clone()
         if weights.shape != (self.num_samples,):
             raise ValueError(f"`weights` must have shape ({self.num_samples},), got {tuple(weights.shape)}.")
         if not torch.isfinite(weights).all() or (weights < 0).any():

@@ -1,6 +1,9 @@
-"""Run by tests/test_multiprocess.py under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU).
+"""Run by tests/test_multiprocess.py under `accelerate launch` with two processes (gloo on CPU), or as one process.
 
-Each rank trains the tiny model briefly and writes what it saw to `<out>/rank<k>.json`."""
+    python tests/multiprocess_worker.py OUT ESTIMATOR [LABEL [JSON_OVERRIDES]]
+
+Each rank trains the tiny model briefly and writes what it saw to `OUT/LABEL-rank<k>.json` (LABEL defaults to
+ESTIMATOR); JSON_OVERRIDES replace ASPOConfig fields."""
 
 from __future__ import annotations
 
@@ -15,10 +18,10 @@ from trl_aspo.builtin import load_builtin
 from trl_aspo.builtin.task import calculator, make_dataset
 
 
-def run(out_dir: str, estimator: str) -> None:
+def run(out_dir: str, estimator: str, label: str, overrides: dict) -> None:
     single = estimator != "group"
-    args = ASPOConfig(
-        output_dir=f"{out_dir}/{estimator}",
+    fields = dict(
+        output_dir=f"{out_dir}/{label}",
         per_device_train_batch_size=2 if not single else 4,
         num_generations=4 if not single else 1,  # group runs: each group of 4 straddles the two ranks
         max_completion_length=16,
@@ -38,6 +41,8 @@ def run(out_dir: str, estimator: str) -> None:
         advantage_estimator=estimator,
         prioritized_sampling=single,
     )
+    fields.update(overrides)
+    args = ASPOConfig(**fields)
     model, tokenizer = load_builtin("builtin:tiny-random")
     trainer = ASPOTrainer(
         model=model,
@@ -70,10 +75,13 @@ def run(out_dir: str, estimator: str) -> None:
         "sampler_weights": trainer._priority_sampler.weights.tolist() if single else None,
         "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
     }
-    with open(f"{out_dir}/{estimator}-rank{record['rank']}.json", "w") as handle:
+    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
-    torch.distributed.barrier()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], sys.argv[2])
+    estimator = sys.argv[2]
+    label = sys.argv[3] if len(sys.argv) > 3 else estimator
+    run(sys.argv[1], estimator, label, json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})

@@ -18,15 +18,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(tmp_path, estimator: str) -> list[dict]:
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--main_process_port", str(_free_port()), "tests/multiprocess_worker.py", str(tmp_path), estimator,
-    ]  # fmt: skip
+def _launch(tmp_path, estimator: str, label: str | None = None, overrides: dict | None = None, processes: int = 2):
+    """Run tests/multiprocess_worker.py on `processes` CPU processes (the ready DDP config, gloo); per-rank records."""
+    label = label or estimator
+    worker = ["tests/multiprocess_worker.py", str(tmp_path), estimator, label, json.dumps(overrides or {})]
+    if processes == 1:
+        command = [sys.executable, *worker]
+    else:
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/ddp.yaml",
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            *worker,
+        ]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads((tmp_path / f"{estimator}-rank{rank}.json").read_text()) for rank in (0, 1)]
+    return [json.loads((tmp_path / f"{label}-rank{rank}.json").read_text()) for rank in range(processes)]
 
 
 @pytest.mark.slow
@@ -55,3 +62,26 @@ def test_single_stream_state_identical_on_every_rank(tmp_path):
     assert ranks[0]["sampler_weights"] == ranks[1]["sampler_weights"]
     assert len(ranks[0]["tracker"]["state"]) >= 8  # two rounds of 2 ranks x 4 prompts observed before the last
     assert ranks[0]["parameters_sum"] == ranks[1]["parameters_sum"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, steps_per_generation):
+    """8 prompts per round as 2 ranks x 4 or 1 x 8, greedy decoding, one optimizer step per round.
+
+    The gathered round is laid out in the same order, so tracker and advantages are the same; with one optimizer
+    step per round (gradient_accumulation_steps = steps_per_generation) each step sums the gradient over the same
+    completions, so the models stay equal too."""
+    per_round = {"gradient_accumulation_steps": steps_per_generation, "steps_per_generation": steps_per_generation}
+    common = {"top_k": 1, "max_steps": 3, **per_round}
+    local = 4 // steps_per_generation
+    two = _launch(tmp_path, "spo++", "two", {**common, "per_device_train_batch_size": local})
+    (one,) = _launch(tmp_path, "spo++", "one", {**common, "per_device_train_batch_size": 2 * local}, processes=1)
+    assert [two[0]["world"], one["world"]] == [2, 1]
+    assert len(one["rounds"]) == len(two[0]["rounds"]) == 3
+    for single, rank0, rank1 in zip(one["rounds"], two[0]["rounds"], two[1]["rounds"], strict=True):
+        assert single["gathered_rewards"] == rank0["gathered_rewards"] == rank1["gathered_rewards"]
+        assert single["local_advantages"] == pytest.approx(rank0["local_advantages"] + rank1["local_advantages"])
+    assert one["tracker"] == two[0]["tracker"] == two[1]["tracker"]
+    assert one["sampler_weights"] == two[0]["sampler_weights"]
+    assert one["parameters_sum"] == pytest.approx(two[0]["parameters_sum"], rel=1e-6)

@@ -5,6 +5,7 @@ import torch
 from trl.trainer.utils import RepeatSampler
 
 from trl_aspo.sampler import PrioritizedRepeatSampler, effective_num_prompts, priority_weights
+from trl_aspo.tracker import EventValueTracker, VisitValueTracker
 
 
 def test_priority_weights_hand_numbers():
@@ -106,3 +107,72 @@ def test_state_round_trip(tmp_path):
     assert restored.round == sampler.round == 3
     assert torch.equal(restored.weights, sampler.weights)
     assert list(restored) == list(sampler)
+
+
+def test_deferred_sampler_yields_slots_and_draws_by_round():
+    weights = torch.linspace(0.1, 1.0, 10)
+    deferred = PrioritizedRepeatSampler(10, 2, 3, 2, seed=5, weights=weights, deferred=True)
+    # Placeholder slots in TRL's layout: round positions 0..2, each twice, the round twice; 3 rounds per epoch.
+    assert list(deferred) == [0, 0, 1, 1, 2, 2] * 2 * 3
+    assert deferred.round == 0  # iterating draws nothing
+    # A draw depends only on (seed, round, weights): the same round gives the same prompts in any order of calls.
+    eager = PrioritizedRepeatSampler(10, 2, 3, 2, seed=5, weights=weights)
+    eager_rounds = [eager.draw() for _ in range(4)]
+    assert [deferred.draw(r) for r in (3, 1, 0, 2)] == [eager_rounds[r] for r in (3, 1, 0, 2)]
+    assert deferred.round == 3
+    with pytest.raises(ValueError, match="round_index"):
+        deferred.draw(-1)
+
+
+def test_update_values_changes_only_the_given_rows():
+    sampler = PrioritizedRepeatSampler(4, 1, 2, weights=torch.ones(4))
+    sampler.update_values([2, 0], torch.tensor([0.5, 1.0], dtype=torch.float64))
+    assert sampler.weights.tolist() == pytest.approx([0.05, 1.0, 0.55, 1.0])
+    with pytest.raises(ValueError, match="rows"):
+        sampler.update_values([4], torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="match"):
+        sampler.update_values([0, 1], torch.tensor([0.5]))
+
+
+@pytest.mark.parametrize("tracker_type", [EventValueTracker, VisitValueTracker])
+def test_incremental_weights_equal_full_recomputation(tracker_type):
+    """Many random rounds of a real tracker; after each, only the observed prompts are refreshed."""
+    generator = torch.Generator().manual_seed(0)
+    keys = [f"prompt-{i % 40}" for i in range(50)]  # rows 40..49 repeat the keys of rows 0..9
+    rows_of_key: dict[str, list[int]] = {}
+    for row, key in enumerate(keys):
+        rows_of_key.setdefault(key, []).append(row)
+    tracker = tracker_type()
+    tracker.init_from_counts(keys[:5], [1, 2, 0, 3, 4], [4, 4, 4, 4, 4])
+
+    def values(subset, event):
+        return tracker.value(subset, event) if tracker_type is EventValueTracker else tracker.value(subset)
+
+    incremental = PrioritizedRepeatSampler(len(keys), 1, 8)
+    incremental.set_values(values(keys, 0))
+    for event in range(300):
+        observed = sorted({keys[i] for i in torch.randint(len(keys), (8,), generator=generator).tolist()})
+        rewards = torch.rand(len(observed), generator=generator, dtype=torch.float64)
+        if tracker_type is EventValueTracker:
+            tracker.observe(observed, rewards, event)
+        else:
+            tracker.observe(observed, rewards, 0.8 + 0.15 * torch.rand(len(observed), generator=generator))
+        rows = [row for key in observed for row in rows_of_key[key]]
+        incremental.update_values(rows, values([keys[row] for row in rows], event + 1))
+    full = PrioritizedRepeatSampler(len(keys), 1, 8)
+    full.set_values(values(keys, 300))
+    torch.testing.assert_close(incremental.weights, full.weights, atol=1e-12, rtol=0)
+    assert full.weights.std() > 0
+
+
+def test_spo_plus_plus_values_of_unobserved_prompts_do_not_age():
+    """Aging multiplies a prompt's prior and every outcome by rho^(q - e): its value is the same at every event."""
+    tracker = EventValueTracker(rho=0.5)
+    tracker.init_from_counts(["a"], [1.0], [4], prior_strength=8.0, event=2)
+    tracker.observe(["a", "a", "b"], [1.0, 0.0, 1.0], [3, 5, 0])
+    # By hand at event 5: prior (8 * 1.5/5, 8 * 3.5/5) = (2.4, 5.6) aged 0.5^3, outcome 1 at event 3 aged 0.5^2,
+    # outcome 0 at event 5 unaged: alpha = 0.3 + 0.25 = 0.55, beta = 0.7 + 1 = 1.7.
+    expected_a = 0.55 / (0.55 + 1.7)
+    # b: prior (0.5, 0.5) and one success, all at event 0: (1.5, 0.5).
+    for event in (5, 6, 20, 500):
+        assert tracker.value(["a", "b"], event).tolist() == pytest.approx([expected_a, 0.75], abs=1e-12)

@@ -2,11 +2,12 @@
 
     trl-aspo train --config X.yaml [--key value ...]                  # one process, in this interpreter
     trl-aspo train --num_processes 8 --config X.yaml                   # through `accelerate launch`
-    trl-aspo train --accelerate_config zero3.yaml --config X.yaml      # DeepSpeed / FSDP via an accelerate config
+    trl-aspo train --accelerate_config configs/accelerate/fsdp2.yaml --config X.yaml   # DeepSpeed / FSDP configs
     trl-aspo evaluate --model builtin:tiny-calculator [--config X.yaml] [--key value ...]
 
-Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--multi_gpu`) must come before
-`--config`; everything else goes to the training script, whose `--help` lists every field.
+Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--main_process_ip`,
+`--machine_rank`, `--num_machines`, `--mixed_precision`, `--multi_gpu`) must come before `--config`; everything else
+goes to the training script, whose `--help` lists every field.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ LAUNCH_FLAGS = {
     "--num_processes": True,
     "--accelerate_config": True,
     "--main_process_port": True,
+    "--main_process_ip": True,
+    "--machine_rank": True,
+    "--num_machines": True,
+    "--mixed_precision": True,
     "--multi_gpu": False,
 }
 

@@ -253,8 +253,9 @@ class ASPOConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Draw each round's prompts without replacement with weight sqrt(v (1 - v)) + priority_epsilon "
-            "from the tracker's values (spo/spo++ only). The data loader reads one round ahead, so priorities act "
-            "with a lag of one round."
+            "from the tracker's values (spo/spo++ only). Each round is drawn when it is dispatched, after the "
+            "tracker has taken in every earlier round (with value_rho_mode='kl' too), so priorities act on the next "
+            "round whatever the data loader prefetches; a resumed run draws what the uninterrupted one drew."
         },
     )
     priority_epsilon: float = field(

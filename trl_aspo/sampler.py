@@ -15,9 +15,19 @@ differs. Every rank must yield the same indices: the draw for round ``r`` uses a
 seeded from ``(seed, r)``, so ranks that hold the same weights draw the same batch. The trainer must
 therefore set identical weights on every rank (computed from the gathered tracker state).
 
-Lag: the data loader reads ahead (accelerate's loader prefetches the next batch to detect the end of the
-epoch), so the batch for round ``r + 1`` is usually drawn before the outcomes of round ``r`` have updated the
-weights; priorities act with a lag of one round.
+Deferred draws. Used as a plain sampler, a round is drawn when the data loader pulls its first index. Data
+loaders read ahead (accelerate prefetches one batch, the Trainer gathers a whole accumulation window, worker
+processes prefetch ``prefetch_factor`` batches each), so such a draw would miss the outcomes of the last rounds.
+With ``deferred=True`` the sampler only yields placeholder slots in the same layout (round positions
+``0 .. batch_size - 1``) and the caller draws each round with :meth:`draw` when it dispatches that round: the
+draw of round ``r`` is then a pure function of ``(seed, r, weights at dispatch)``, whatever the loader read
+ahead or skipped, so a run resumed at round ``r`` draws what the uninterrupted run drew (as TRL's
+``RepeatSampler``, a pure function of seed and position). :class:`trl_aspo.trainer.ASPOTrainer` draws this way.
+
+Incremental weights. :meth:`update_values` recomputes the weights of the given rows only; under both trackers a
+prompt's value changes only when an outcome of it is observed (SPO++ ages the prior and every outcome of a prompt
+by the same factor ``rho^(q - e)``, which cancels in ``alpha / (alpha + beta)``), so a round costs O(rows
+observed) instead of O(dataset).
 """
 
 from __future__ import annotations
@@ -67,9 +77,11 @@ class PrioritizedRepeatSampler(Sampler[int]):
         epsilon: priority floor used by :meth:`set_values`.
         weights: initial weights, a tensor of length ``data_source_len`` or a zero-argument callable returning one
             (read at each draw); uniform when omitted.
+        deferred: yield placeholder slots (positions within the round) instead of drawing while iterating; the
+            caller draws each round with ``draw(round_index)`` when it dispatches it.
 
-    Weights are read when a batch is drawn, i.e. when the data loader pulls that batch's first index. The round
-    counter persists across epochs and is saved by :meth:`state_dict`, so a resumed run continues the sequence.
+    Without ``deferred``, weights are read when a batch is drawn, i.e. when the data loader pulls that batch's first
+    index; the round counter persists across epochs and is saved by :meth:`state_dict`.
     """
 
     def __init__(
@@ -81,6 +93,7 @@ class PrioritizedRepeatSampler(Sampler[int]):
         seed: int = 0,
         epsilon: float = 0.05,
         weights: torch.Tensor | Callable[[], torch.Tensor] | None = None,
+        deferred: bool = False,
     ) -> None:
         for name, value in (
             ("data_source_len", data_source_len),
@@ -98,6 +111,7 @@ class PrioritizedRepeatSampler(Sampler[int]):
         self.repeat_count = repeat_count
         self.seed = seed
         self.epsilon = epsilon
+        self.deferred = deferred
         self.round = 0
         self.weights = torch.ones(data_source_len, dtype=torch.float64) if weights is None else weights
 
@@ -114,8 +128,23 @@ class PrioritizedRepeatSampler(Sampler[int]):
         """Set the weights from tracker values (length = dataset size) via :func:`priority_weights`."""
         self.weights = priority_weights(values, self.epsilon)
 
+    def update_values(self, rows: list[int] | torch.Tensor, values: torch.Tensor) -> None:
+        """Set the weights of ``rows`` only from their tracker values (the other rows keep theirs)."""
+        if callable(self._weights):
+            raise ValueError("`update_values` needs stored weights, not a weights callable.")
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        if rows.dim() != 1 or len(rows) != len(values):
+            raise ValueError(f"`rows` ({tuple(rows.shape)}) and `values` ({len(values)}) must match one to one.")
+        if len(rows) and not (int(rows.min()) >= 0 and int(rows.max()) < self.num_samples):
+            raise ValueError(f"`rows` must lie in [0, {self.num_samples}).")
+        # In place, without re-checking the other rows: new weights are finite and >= epsilon, so the weights stay
+        # valid unless a zero epsilon leaves fewer than batch_size positive entries.
+        self._weights[rows] = priority_weights(values, self.epsilon).to(self._weights)
+        if self.epsilon == 0:
+            self._check_weights(self._weights)
+
     def _check_weights(self, weights: torch.Tensor) -> torch.Tensor:
-        weights = torch.as_tensor(weights, dtype=torch.float64).detach().cpu()
+        weights = torch.as_tensor(weights, dtype=torch.float64).detach().cpu().clone()
         if weights.shape != (self.num_samples,):
             raise ValueError(f"`weights` must have shape ({self.num_samples},), got {tuple(weights.shape)}.")
         if not torch.isfinite(weights).all() or (weights < 0).any():
@@ -125,16 +154,23 @@ class PrioritizedRepeatSampler(Sampler[int]):
             raise ValueError(f"`weights` need at least batch_size={self.batch_size} positive entries.")
         return weights
 
-    def draw(self) -> list[int]:
-        """Draw the next round's ``batch_size`` distinct indices and advance the round counter."""
+    def draw(self, round_index: int | None = None) -> list[int]:
+        """Draw the ``batch_size`` distinct indices of round ``round_index`` with the current weights.
+
+        The result depends only on ``(seed, round_index, weights)``. Without ``round_index`` the sampler's own
+        counter gives the round; either way the counter moves past the drawn round."""
+        if round_index is None:
+            round_index = self.round
+        if isinstance(round_index, bool) or int(round_index) != round_index or round_index < 0:
+            raise ValueError(f"`round_index` must be a non-negative integer, got {round_index!r}.")
         weights = self._check_weights(self._weights()) if callable(self._weights) else self._weights
-        generator = torch.Generator().manual_seed(_round_seed(self.seed, self.round))
-        self.round += 1
+        generator = torch.Generator().manual_seed(_round_seed(self.seed, int(round_index)))
+        self.round = int(round_index) + 1
         return torch.multinomial(weights, self.batch_size, replacement=False, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[int]:
         for _ in range(self.num_samples // self.batch_size):
-            chunk = self.draw()
+            chunk = list(range(self.batch_size)) if self.deferred else self.draw()
             for _ in range(self.repeat_count):
                 for index in chunk:
                     for _ in range(self.mini_repeat_count):
@@ -144,7 +180,7 @@ class PrioritizedRepeatSampler(Sampler[int]):
         return (self.num_samples // self.batch_size) * self.batch_size * self.mini_repeat_count * self.repeat_count
 
     def state_dict(self) -> dict[str, Any]:
-        """Round counter, seed and (unless supplied by a callable) the weights, as plain Python values."""
+        """Round counter (the round after the last drawn), seed and (unless supplied by a callable) the weights."""
         weights = None if callable(self._weights) else self._weights.tolist()
         return {"round": self.round, "seed": self.seed, "weights": weights}
 

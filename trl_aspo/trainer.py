@@ -12,6 +12,7 @@ With every switch of `ASPOConfig` at its default the trainer computes exactly wh
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import importlib
@@ -147,7 +148,15 @@ class ASPOTrainer(GRPOTrainer):
         if not self.args.prioritized_sampling:
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
+        self._sampling_dataset = dataset
         self._dataset_keys = self._keys_of_rows(dataset)
+        self._rows_of_key: dict[str, list[int]] = {}
+        for row, key in enumerate(self._dataset_keys):
+            self._rows_of_key.setdefault(key, []).append(row)
+        # Rows of the last two draws: the only prompts whose values can change before the next refresh (a round's
+        # outcomes reach the tracker in its own round, or at the next dispatch under KL-adaptive rho).
+        self._recent_draws: collections.deque[list[int]] = collections.deque(maxlen=2)
+        # Deferred: the loader's rows are placeholders; `_draw_prioritized_round` picks the prompts at dispatch.
         self._priority_sampler = PrioritizedRepeatSampler(
             len(dataset),
             mini_repeat_count=self.num_generations,
@@ -155,9 +164,23 @@ class ASPOTrainer(GRPOTrainer):
             repeat_count=self.num_iterations * self.args.steps_per_generation,
             seed=self.args.seed,
             epsilon=self.args.priority_epsilon,
+            deferred=True,
         )
-        self._refresh_priorities()
+        self._refresh_priorities(full=True)
         return self._priority_sampler
+
+    def _draw_prioritized_round(self, inputs: list[dict]) -> list[dict]:
+        """This rank's rows of the round being dispatched, drawn now from the tracker's current values.
+
+        Drawing at dispatch rather than when the data loader reads ahead (prefetch, accumulation windows, workers)
+        lets every outcome already in the tracker act on this draw, and makes the draw a pure function of the seed,
+        the round index and the tracker, so a resumed run draws what the uninterrupted one drew. Rows are laid out
+        as the loader lays them (each prompt `num_generations` times, rank `k` taking the `k`-th contiguous share)."""
+        drawn = self._priority_sampler.draw(self._value_event)
+        self._recent_draws.append(drawn)
+        repeated = [row for row in drawn for _ in range(self.num_generations)]
+        start = self.accelerator.process_index * len(inputs)
+        return [self._sampling_dataset[row] for row in repeated[start : start + len(inputs)]]
 
     def _keys_of_rows(self, dataset) -> list[str]:
         column = self.args.prompt_id_column
@@ -169,11 +192,19 @@ class ASPOTrainer(GRPOTrainer):
             return [str(value) for value in dataset[column]]
         return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
-    def _refresh_priorities(self) -> None:
-        """Set the sampler's weights from the tracker's current values (identical on every rank: the tracker is)."""
+    def _refresh_priorities(self, full: bool = False) -> None:
+        """Set the sampler's weights from the tracker's values (identical on every rank: the tracker is).
+
+        Only the prompts of the last two draws are recomputed unless `full` (needed after the tracker is replaced,
+        e.g. on resume): a value changes only when an outcome of its prompt is observed (see `sampler`)."""
         if getattr(self, "_priority_sampler", None) is None:
             return
-        self._priority_sampler.set_values(self._tracker_values(self._dataset_keys))
+        if full:
+            self._priority_sampler.set_values(self._tracker_values(self._dataset_keys))
+            return
+        keys = {self._dataset_keys[row] for drawn in self._recent_draws for row in drawn}
+        rows = [row for key in keys for row in self._rows_of_key[key]]
+        self._priority_sampler.update_values(rows, self._tracker_values([self._dataset_keys[row] for row in rows]))
 
     def _tracker_values(
         self, keys: list[str], tracker: EventValueTracker | VisitValueTracker | None = None
@@ -194,6 +225,8 @@ class ASPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if mode == "train" and self._single_stream:
             self._observe_pending_visit()
+            if self.args.prioritized_sampling:
+                inputs = self._draw_prioritized_round(inputs)
             keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
             dispatch_values = self._tracker_values(keys).float()
         output = super()._generate_and_score_completions(inputs)
@@ -697,4 +730,4 @@ class ASPOTrainer(GRPOTrainer):
         if getattr(self, "_priority_sampler", None) is not None and "sampler" in state:
             self._priority_sampler.load_state_dict(state["sampler"])
         # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
-        self._refresh_priorities()
+        self._refresh_priorities(full=True)

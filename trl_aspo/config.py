@@ -262,6 +262,15 @@ class ASPOConfig(GRPOConfig):
         metadata={"help": "Floor added to every prompt's sampling weight, so no prompt starves. Must be > 0."},
     )
 
+    value_reset_on_resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume a checkpoint without its value tracker on purpose: the tracker starts fresh (Beta(0.5, "
+            "0.5), or value_init_file) when the checkpoint holds no trl-aspo state, no tracker for this "
+            "advantage_estimator, or was keyed by another prompt_id_column. False = such a resume is refused."
+        },
+    )
+
     def __post_init__(self):
         self._validate_aspo_fields()
         single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1

@@ -17,15 +17,15 @@ import dataclasses
 import importlib
 import inspect
 import math
-import os
 
 import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from tqdm.auto import tqdm
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
+from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
 from .losses import (
     aggregate_loss,
@@ -48,7 +48,26 @@ from .tool_metrics import (
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
 from .value_init import prepass_plan, read_init_counts
 
-STATE_FILE = "aspo_state.pt"
+logger = logging.get_logger(__name__)
+
+# Settings a resume compares with the checkpoint's. Refused when changed (why), unless marked resettable and
+# `value_reset_on_resume` is set; the others are applied with a logged warning.
+_RESUME_FIELDS = (
+    "advantage_estimator",
+    "prompt_id_column",
+    "seed",
+    "value_rho",
+    "value_rho_mode",
+    "value_reward_range",
+    "advantage_normalization",
+    "prioritized_sampling",
+)
+_RESUME_REFUSED = {
+    "advantage_estimator": "the saved value tracker belongs to that estimator",
+    "prompt_id_column": "the saved tracker's prompt keys come from it",
+    "seed": "the saved random states and sampler order come from it",
+}
+_RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -643,16 +662,22 @@ class ASPOTrainer(GRPOTrainer):
         self._aspo_entropy_window = None
 
     # ---------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+    def _save_rng_state(self, output_dir: str) -> None:
+        # The smallest hook of `Trainer._save_checkpoint` that every rank runs inside the new checkpoint before
+        # trainer_state.json marks it complete and old checkpoints are rotated away: the state is written there.
+        super()._save_rng_state(output_dir)
+        self._save_aspo_state(output_dir)
+
+    def _save_aspo_state(self, checkpoint: str) -> None:
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
         tracker = None if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
-        checkpoint = os.path.join(
-            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
-        state = {"value_event": self._value_event, "aspo_kl_coef": self._aspo_kl_coef}
+        state = {
+            "value_event": self._value_event,
+            "aspo_kl_coef": float(self._aspo_kl_coef),
+            "config": self._resume_config(),
+        }
         if tracker is not None:
             state["tracker"] = tracker.state_dict()
         if getattr(self, "_priority_sampler", None) is not None:
@@ -660,7 +685,16 @@ class ASPOTrainer(GRPOTrainer):
             sampler = copy.deepcopy(self._priority_sampler)
             sampler.set_values(self._tracker_values(self._dataset_keys, tracker))
             state["sampler"] = sampler.state_dict()
-        torch.save(state, os.path.join(checkpoint, STATE_FILE))
+        save_checkpoint_state(checkpoint, state)
+
+    def _resume_config(self) -> dict:
+        """The settings a resumed run is compared with (README, "Resuming")."""
+        config = {name: getattr(self.args, name) for name in _RESUME_FIELDS}
+        config["value_reward_range"] = (
+            None if config["value_reward_range"] is None else list(config["value_reward_range"])
+        )
+        config["train_rows"] = None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
+        return config
 
     def _checkpoint_tracker(self) -> EventValueTracker | VisitValueTracker:
         """The tracker a run resumed from this checkpoint must start from.
@@ -679,22 +713,96 @@ class ASPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = None if checkpoint is None else os.path.join(checkpoint, STATE_FILE)
-        if path is None or not os.path.exists(path):
+        if checkpoint is None:
             return
-        state = torch.load(path, weights_only=False)
+        if checkpoint_state_file(checkpoint) is None:
+            self._resume_without_state(checkpoint)
+            return
+        state = load_checkpoint_state(checkpoint)
+        path = checkpoint_state_file(checkpoint)
+        # A generation round happens at some micro-step, so a run has had at most as many rounds as micro-steps.
+        max_rounds = self.state.global_step * self.args.gradient_accumulation_steps
+        if state["value_event"] > max_rounds:
+            raise ValueError(
+                f"checkpoint state {path}: value_event={state['value_event']} exceeds the {max_rounds} micro-steps of "
+                f"its global_step={self.state.global_step}; the file does not belong to this checkpoint."
+            )
+        fresh_tracker = self._check_resume_config(state.get("config"), path, has_tracker="tracker" in state)
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
         self._pending_visit = None
-        if self._value_tracker is not None and "tracker" in state:
+        if self._value_tracker is not None and not fresh_tracker:
             try:
                 self._value_tracker.load_state_dict(state["tracker"])
-            except ValueError as error:
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
                 raise ValueError(
-                    f"{path} holds a value tracker that advantage_estimator={self.args.advantage_estimator!r} cannot "
-                    f"resume: {error}"
+                    f"checkpoint state {path} holds a value tracker that advantage_estimator="
+                    f"{self.args.advantage_estimator!r} cannot resume: {error.__class__.__name__}: {error}"
                 ) from None
-        if getattr(self, "_priority_sampler", None) is not None and "sampler" in state:
-            self._priority_sampler.load_state_dict(state["sampler"])
+            if isinstance(self._value_tracker, EventValueTracker):
+                self._value_tracker.rho = self.args.value_rho
+        if getattr(self, "_priority_sampler", None) is not None and state.get("sampler") is not None:
+            try:
+                self._priority_sampler.load_state_dict(state["sampler"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"checkpoint state {path} holds a sampler state that cannot be resumed: "
+                    f"{error.__class__.__name__}: {error}"
+                ) from None
         # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
         self._refresh_priorities()
+
+    def _resume_without_state(self, checkpoint: str) -> None:
+        if self._value_tracker is None:
+            return
+        if not self.args.value_reset_on_resume:
+            raise ValueError(
+                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}): it was written by an interrupted save, by "
+                f"another trainer, or with save_only_model, so the value tracker of advantage_estimator="
+                f"{self.args.advantage_estimator!r} cannot be restored. Resume from an earlier checkpoint, or set "
+                "ASPOConfig.value_reset_on_resume=True to start a fresh tracker on purpose."
+            )
+        logger.warning(
+            f"Resuming from {checkpoint} without trl-aspo state: value_reset_on_resume=True starts a fresh value "
+            "tracker (value_init_file applies; no pre-pass)."
+        )
+
+    def _check_resume_config(self, saved: dict | None, path: str, has_tracker: bool) -> bool:
+        """Compare the checkpoint's settings with this run's (README, "Resuming"); returns whether the tracker
+        starts fresh. Settings that change what the saved state means are refused, the others applied with a
+        warning. A legacy state without recorded settings is only checked for the tracker's presence."""
+        current = self._resume_config()
+        reset = self.args.value_reset_on_resume
+        changed = {}
+        if saved is not None:
+            changed = {name: (saved.get(name), value) for name, value in current.items() if saved.get(name) != value}
+        for name in _RESUME_REFUSED:
+            if name in changed and not (reset and name in _RESUME_RESET):
+                before, after = changed[name]
+                allowed = " or set ASPOConfig.value_reset_on_resume=True" if name in _RESUME_RESET else ""
+                raise ValueError(
+                    f"Resuming from {path} with {name}={after!r}, but the checkpoint was trained with {name}="
+                    f"{before!r}: {_RESUME_REFUSED[name]}. Use {name}={before!r}{allowed}."
+                )
+        if "train_rows" in changed and self.args.prioritized_sampling:
+            before, after = changed["train_rows"]
+            raise ValueError(
+                f"Resuming from {path} with a training dataset of {after} rows, but the checkpoint was trained on "
+                f"{before} rows: the prioritized sampler's weights and order are per row; use the same dataset."
+            )
+        for name, (before, after) in changed.items():
+            if name not in _RESUME_REFUSED:
+                logger.warning(
+                    f"Resuming from {path}: {name} changes from {before!r} to {after!r}; the new value applies."
+                )
+        fresh = self._value_tracker is not None and (not has_tracker or "advantage_estimator" in changed)
+        if fresh and not reset:
+            raise ValueError(
+                f"{path} holds no value tracker for advantage_estimator={self.args.advantage_estimator!r}. Resume "
+                "with the checkpoint's estimator, or set ASPOConfig.value_reset_on_resume=True to start a fresh "
+                "tracker on purpose."
+            )
+        if reset and (fresh or changed.keys() & _RESUME_RESET):
+            logger.warning(f"Resuming from {path}: value_reset_on_resume=True, the value tracker starts fresh.")
+            return True
+        return fresh

@@ -68,6 +68,8 @@ _RESUME_REFUSED = {
     "seed": "the saved random states and sampler order come from it",
 }
 _RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
+# Float32 rounding of a weighted reward sum (weights summing to 1, full credit: 1.0000001) is not a range violation.
+_UNIT_RANGE_TOLERANCE = 1e-6
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -206,8 +208,27 @@ class ASPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------- advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for the advantage step: TRL computes its group baseline inline and does not return the gathered rewards.
-        self._gathered_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards_per_func = self._unscorable_if_infinite(rewards_per_func)
         return self._gathered_rewards_per_func
+
+    def _unscorable_if_infinite(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Turn infinite rewards into NaN, TRL's "this function returned None", before any baseline sees them.
+
+        A +-inf reward (or a weighted total that overflows float32) would make every weight that shares a mean or a
+        standard deviation with it NaN; as None it only leaves that completion unscored by that function."""
+        infinite = torch.isinf(rewards_per_func)
+        totals = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        overflowing = torch.isinf(totals) & ~infinite.any(dim=1)
+        if not (infinite.any() or overflowing.any()):
+            return rewards_per_func
+        names = [name for name, bad in zip(self.reward_func_names, infinite.any(dim=0).tolist(), strict=True) if bad]
+        logger.warning(
+            f"{int(infinite.sum())} infinite reward(s) from {names} and {int(overflowing.sum())} weighted total(s) "
+            "beyond float32 in this round are treated as None (that completion unscored by that function)."
+        )
+        rewards_per_func = rewards_per_func.masked_fill(infinite, torch.nan)
+        return torch.where(overflowing.unsqueeze(1), torch.full_like(rewards_per_func, torch.nan), rewards_per_func)
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
@@ -332,8 +353,9 @@ class ASPOTrainer(GRPOTrainer):
             low, high = self.args.value_reward_range
             rewards = (rewards - low) / (high - low)
         valid = rewards[~torch.isnan(rewards)]
-        if valid.numel() and (valid.min() < 0 or valid.max() > 1):
-            bad = valid[(valid < 0) | (valid > 1)][0].item()
+        outside = (valid < -_UNIT_RANGE_TOLERANCE) | (valid > 1 + _UNIT_RANGE_TOLERANCE)
+        if outside.any():
+            bad = valid[outside][0].item()
             if self.args.value_reward_range is not None:
                 raise ValueError(
                     f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; after "
@@ -344,7 +366,7 @@ class ASPOTrainer(GRPOTrainer):
                 f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
                 "ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
             )
-        return rewards
+        return rewards.clamp(0.0, 1.0)
 
     def _observe(self, keys, outcomes, scorable, output) -> None:
         valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]

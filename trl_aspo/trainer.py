@@ -36,7 +36,7 @@ from .losses import (
     unflipped_sample_mask,
 )
 from .normalize import batch_normalize, token_measure_normalize
-from .prompt_ids import prompt_key, prompt_keys
+from .prompt_ids import prompt_id_key, prompt_key, prompt_keys, prompt_match_key
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
 from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
 from .tool_metrics import (
@@ -187,7 +187,7 @@ class ASPOTrainer(GRPOTrainer):
                 raise ValueError(
                     f"ASPOConfig.prompt_id_column={column!r} is not a dataset column; columns: {dataset.column_names}."
                 )
-            return [str(value) for value in dataset[column]]
+            return [prompt_id_key(value, column) for value in dataset[column]]
         return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
     def _refresh_priorities(self) -> None:
@@ -444,13 +444,39 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
     def _init_values_from_file(self, path: str) -> None:
-        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column)
+        dataset = self.train_dataset
+        enumerable = not isinstance(dataset, IterableDataset) and hasattr(dataset, "column_names")
+        by_match = None
+        if enumerable and self.args.prompt_id_column is None:
+            by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
+        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column, by_match)
+        if enumerable:
+            self._report_init_matches(path, keys, set(self._keys_of_rows(dataset)))
         try:
             self._value_tracker.init_from_counts(
                 keys, successes, trials, prior_strength=self.args.value_prior_strength
             )
         except ValueError as error:
             raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
+
+    def _report_init_matches(self, path: str, keys: list[str], dataset_keys: set[str]) -> None:
+        """Say how many value-init records name a training prompt; refuse a file in which none does."""
+        matched = sum(key in dataset_keys for key in keys)
+        column = self.args.prompt_id_column
+        if column is None:
+            how = "records name prompts by 'prompt' (the exact dataset prompt: chat messages for a chat dataset)"
+        else:
+            how = f"records name prompts by 'prompt_id', matched against prompt_id_column={column!r}"
+        if matched == 0:
+            raise ValueError(
+                f"ASPOConfig.value_init_file={path!r}: none of its {len(keys)} records matches a training prompt; "
+                f"{how}."
+            )
+        message = f"ASPOConfig.value_init_file={path!r}: {matched} of {len(keys)} records match a training prompt"
+        if matched < len(keys):
+            logger.warning(f"{message}; the other {len(keys) - matched} are ignored ({how}).")
+        else:
+            logger.info(f"{message}.")
 
     # ---------------------------------------------------------------- value pre-pass
     def train(

@@ -450,14 +450,14 @@ class ASPOTrainer(GRPOTrainer):
         if enumerable and self.args.prompt_id_column is None:
             by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
         keys, successes, trials = read_init_counts(path, self.args.prompt_id_column, by_match)
-        if enumerable:
-            self._report_init_matches(path, keys, set(self._keys_of_rows(dataset)))
         try:
             self._value_tracker.init_from_counts(
                 keys, successes, trials, prior_strength=self.args.value_prior_strength
             )
         except ValueError as error:
             raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
+        if enumerable:
+            self._report_init_matches(path, keys, set(self._keys_of_rows(dataset)))
 
     def _report_init_matches(self, path: str, keys: list[str], dataset_keys: set[str]) -> None:
         """Say how many value-init records name a training prompt; refuse a file in which none does."""

@@ -144,7 +144,7 @@ class ASPOTrainer(GRPOTrainer):
         if self._value_tracker is not None and args.value_init_file is not None:
             self._init_values_from_file(args.value_init_file)
 
-        self._call_token_ids = resolve_call_token_ids(self.processing_class, args.tool_call_opener)
+        self._call_token_ids = resolve_call_token_ids(self._tokenizer, args.tool_call_opener)
         self._shaping_hooks = []
         if args.tool_shaping_interactive_bonus > 0:
             self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
@@ -307,7 +307,7 @@ class ASPOTrainer(GRPOTrainer):
             stats = regex_tool_call_positions(
                 None,
                 output["completion_ids"],
-                self.processing_class,
+                self._tokenizer,
                 self.args.tool_call_pattern,
                 output.get("tool_mask"),
                 completion_mask=output["completion_mask"],
@@ -338,9 +338,7 @@ class ASPOTrainer(GRPOTrainer):
             advantages, positions, lengths, eligible, groups, delta=args.tool_shaping_delta, k=args.tool_shaping_k
         )
         if self._shaping_hooks:
-            texts = gather_object(
-                self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
-            )
+            texts = gather_object(self._tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True))
             for hook in self._shaping_hooks:
                 bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
         for name, value in shaping_stats(bias, eligible).items():
@@ -384,10 +382,16 @@ class ASPOTrainer(GRPOTrainer):
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         logits_to_keep = output["completion_ids"].size(1)
+        forward_inputs = {key: output.get(key) for key in _FORWARD_KEYS}
         logps_before = output.get("old_per_token_logps")
         if logps_before is None:
             logps_before, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size=self.args.per_device_train_batch_size
+                self.model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=self.args.per_device_train_batch_size,
+                **forward_inputs,
             )
         mask = output["completion_mask"] * output.get("tool_mask", 1)
         return {
@@ -398,6 +402,7 @@ class ASPOTrainer(GRPOTrainer):
             "keys": keys,
             "outcomes": outcomes,
             "scorable": scorable,
+            "forward_inputs": forward_inputs,
         }
 
     @torch.no_grad()
@@ -412,6 +417,7 @@ class ASPOTrainer(GRPOTrainer):
             pending["attention_mask"],
             pending["logps_before"].size(1),
             batch_size=self.args.per_device_train_batch_size,
+            **pending["forward_inputs"],
         )
         rho_local = kl_adaptive_rho(
             pending["logps_before"],

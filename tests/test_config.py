@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trl_aspo import ASPOConfig
+from trl_aspo.config import aspo_field_types
 
 BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
 
@@ -66,15 +67,6 @@ def test_defaults_leave_grpo_untouched():
     assert not config.tool_shaping and not config.prioritized_sampling
 
 
-def _own_fields():
-    from dataclasses import fields
-
-    from trl import GRPOConfig
-
-    grpo = {f.name for f in fields(GRPOConfig)}
-    return [f for f in fields(ASPOConfig) if f.name not in grpo]
-
-
 # Per annotation, values of the wrong type as YAML would deliver them (a number where a list is expected, a list
 # where a number is expected, 1 for true, a non-finite number).
 WRONG_VALUES = {
@@ -88,18 +80,17 @@ WRONG_VALUES = {
 
 def _wrong_values():
     cases = []
-    for config_field in _own_fields():
-        alternatives = [part.strip() for part in str(config_field.type).split("|")]
+    for name, alternatives in aspo_field_types().items():
         for kind in alternatives:
             for value in WRONG_VALUES.get(kind, []):
                 if value is None and "None" in alternatives:
                     continue
-                cases.append(pytest.param(config_field.name, value, id=f"{config_field.name}={value!r}"))
+                cases.append(pytest.param(name, value, id=f"{name}={value!r}"))
     return cases
 
 
 def test_every_field_of_aspo_config_has_a_type_check():
-    kinds = {part.strip() for f in _own_fields() for part in str(f.type).split("|")}
+    kinds = {kind for alternatives in aspo_field_types().values() for kind in alternatives}
     assert kinds - {"None"} <= set(WRONG_VALUES), kinds
 
 

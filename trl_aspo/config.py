@@ -8,6 +8,8 @@ With every new switch at its default, the configuration means exactly what the s
 from __future__ import annotations
 
 import math
+import types as types_module
+import typing
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
@@ -34,6 +36,30 @@ _TYPE_CHECKS = {
         "a list of finite numbers",
     ),
 }
+
+
+def _type_name(hint) -> str:
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is list:
+        return f"list[{', '.join(_type_name(arg) for arg in typing.get_args(hint))}]"
+    return getattr(hint, "__name__", str(hint))
+
+
+def aspo_field_types() -> dict[str, list[str]]:
+    """For each field ASPOConfig adds to GRPOConfig, the names of the types its annotation allows ('float', 'None',
+    'list[float]', ...), read with `typing.get_type_hints` (dataclass annotations are strings here, and
+    `HfArgumentParser` rewrites `Field.type`)."""
+    hints = typing.get_type_hints(ASPOConfig)
+    grpo = {config_field.name for config_field in fields(GRPOConfig)}
+    types = {}
+    for config_field in fields(ASPOConfig):
+        if config_field.name in grpo:
+            continue
+        hint = hints[config_field.name]
+        union = typing.get_origin(hint) in (typing.Union, types_module.UnionType)
+        types[config_field.name] = [_type_name(arg) for arg in (typing.get_args(hint) if union else (hint,))]
+    return types
 
 
 class _SingleCompletion(int):
@@ -305,12 +331,8 @@ class ASPOConfig(GRPOConfig):
     def _check_field_types(self) -> None:
         """Type-check every field ASPOConfig adds against its annotation, before any range check compares values:
         values from YAML arrive unconverted (a number for a list, a list for a number, 1 for true)."""
-        own = {f.name for f in fields(ASPOConfig)} - {f.name for f in fields(GRPOConfig)}
-        for config_field in fields(ASPOConfig):
-            if config_field.name not in own:
-                continue
-            value = getattr(self, config_field.name)
-            alternatives = [part.strip() for part in str(config_field.type).split("|")]
+        for name, alternatives in aspo_field_types().items():
+            value = getattr(self, name)
             if "None" in alternatives and value is None:
                 continue
             checks = [_TYPE_CHECKS[kind] for kind in alternatives if kind in _TYPE_CHECKS]
@@ -318,7 +340,7 @@ class ASPOConfig(GRPOConfig):
                 continue  # an annotation this table does not know: the field's own checks apply
             if not any(accepts(value) for accepts, _ in checks):
                 allowed = " or ".join([what for _, what in checks] + (["None"] * ("None" in alternatives)))
-                raise ValueError(f"ASPOConfig.{config_field.name}={value!r} is invalid: must be {allowed}.")
+                raise ValueError(f"ASPOConfig.{name}={value!r} is invalid: must be {allowed}.")
 
     def _validate_aspo_fields(self) -> None:
         def require(condition: bool, name: str, allowed: str) -> None:

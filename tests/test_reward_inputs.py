@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
@@ -68,7 +67,8 @@ def test_infinite_rewards_leave_their_completions_unscored(
     tiny_tokenizer, calculator_dataset, tmp_path, estimator, normalization
 ):
     def infinite_for_the_second(completions, **kwargs):
-        rewards = digit_share_reward(completions)
+        # Distinct finite rewards elsewhere, so every scorable completion has a non-zero advantage.
+        rewards = [index / len(completions) for index in range(len(completions))]
         rewards[1], rewards[2] = math.inf, -math.inf
         return rewards
 
@@ -82,7 +82,8 @@ def test_infinite_rewards_leave_their_completions_unscored(
     advantages = outputs[0]["advantages"]
     assert torch.isfinite(advantages).all()
     assert advantages[1] == advantages[2] == 0
-    assert (advantages != 0).any()
+    # The other completions keep their signal, also those sharing a group with the infinite ones (0 and 3).
+    assert (advantages[[0, *range(3, 8)]] != 0).all()
     loss = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     assert len(loss) == 1 and math.isfinite(loss[0])
     if trainer._value_tracker is not None:

@@ -857,6 +857,8 @@ class ASPOTrainer(GRPOTrainer):
                 "tracker on purpose."
             )
         if reset and (fresh or changed.keys() & _RESUME_RESET):
-            logger.warning(f"Resuming from {path}: value_reset_on_resume=True, the value tracker starts fresh.")
+            logger.warning(
+                f"Resuming from {path}: value_reset_on_resume=True, the checkpoint's value tracker is not used."
+            )
             return True
         return fresh

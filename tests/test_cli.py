@@ -117,3 +117,20 @@ def test_trl_aspo_train_runs_the_quickstart_config(tmp_path):
     assert summary["before"]["num_problems"] == 4 and 0.0 <= summary["after"]["accuracy"] <= 1.0
     assert (output_dir / "training_curves.png").stat().st_size > 0
     assert (output_dir / "model.safetensors").exists()
+
+
+def test_dotted_paths_do_not_let_the_working_directory_shadow_installed_modules(tmp_path, monkeypatch):
+    import colorsys
+    import sys
+
+    (tmp_path / "colorsys.py").write_text("hls_to_rgb = 'shadowed'\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def reward(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "colorsys")
+    assert callable(resolve_callable("colorsys.hls_to_rgb", {}, "reward_funcs entry"))
+    assert sys.modules["colorsys"].__file__ == colorsys.__file__
+    assert resolve_callable("my_rewards.reward", {}, "reward_funcs entry")(["a", "b"]) == [1.0, 1.0]
+    monkeypatch.delitem(sys.modules, "my_rewards")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trl_aspo import ASPOConfig
+from trl_aspo.config import aspo_field_types
 
 BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
 
@@ -64,3 +65,57 @@ def test_defaults_leave_grpo_untouched():
     assert config.loss_type == "dapo"
     assert config.advantage_estimator == "group" and config.advantage_normalization == "group"
     assert not config.tool_shaping and not config.prioritized_sampling
+
+
+# Per annotation, values of the wrong type as YAML would deliver them (a number where a list is expected, a list
+# where a number is expected, 1 for true, a non-finite number).
+WRONG_VALUES = {
+    "bool": [1, "yes", None],
+    "int": [1.5, True, [1], "2", None],
+    "float": [[1.0], "0.5", True, float("inf"), float("nan"), None],
+    "str": [5, ["a"], True, None],
+    "list[float]": [5, [0.0, "1"], [0.0, float("inf")]],
+}
+
+
+def _wrong_values():
+    cases = []
+    for name, alternatives in aspo_field_types().items():
+        for kind in alternatives:
+            for value in WRONG_VALUES.get(kind, []):
+                if value is None and "None" in alternatives:
+                    continue
+                cases.append(pytest.param(name, value, id=f"{name}={value!r}"))
+    return cases
+
+
+def test_every_field_of_aspo_config_has_a_type_check():
+    kinds = {kind for alternatives in aspo_field_types().values() for kind in alternatives}
+    assert kinds - {"None"} <= set(WRONG_VALUES), kinds
+
+
+@pytest.mark.parametrize(("name", "value"), _wrong_values())
+def test_wrong_types_are_refused_with_the_field_name(name, value):
+    with pytest.raises(ValueError, match=rf"ASPOConfig\.{name}=.* is invalid: must be"):
+        make(**{name: value})
+
+
+@pytest.mark.parametrize("estimator", ["spo", "spo++"])
+def test_zero_generations_are_refused_with_the_field_name(estimator):
+    with pytest.raises(ValueError, match=r"ASPOConfig\.num_generations=0 is invalid: must be a positive integer"):
+        make(advantage_estimator=estimator, num_generations=0)
+
+
+@pytest.mark.parametrize("name", ["value_prior_strength", "value_kl_half", "tool_shaping_interactive_bonus"])
+def test_infinite_numbers_are_refused_at_config_time(name):
+    with pytest.raises(ValueError, match=rf"ASPOConfig\.{name}=inf is invalid"):
+        make(advantage_estimator="spo++", num_generations=1, **{name: float("inf")})
+
+
+def test_wrong_yaml_types_are_refused_by_the_parser(tmp_path):
+    from trl_aspo.train import make_parser
+
+    config = tmp_path / "run.yaml"
+    config.write_text("output_dir: out\nadvantage_estimator: spo\nnum_generations: 1\nvalue_reward_range: 5\n")
+    with pytest.raises(ValueError, match=r"ASPOConfig\.value_reward_range=5 is invalid: must be a list"):
+        make_parser().parse_args_and_config(args=["--config", str(config), "--use_cpu", "true"])

@@ -26,3 +26,23 @@ def test_reference_recipes_parse(path, monkeypatch):
     assert training.loss_type == "aspo" and training.num_generations == 16 and training.num_iterations == 2
     assert training.aspo_entropy_quantile == 0.8 and training.aspo_dual_clip == 3.0 and training.beta == 0.001
     assert model.model_name_or_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+
+
+def test_code_unit_test_reward_discards_program_output():
+    import resource
+
+    # 256 MiB on stdout and stderr each: read into memory, they would raise this process's peak by at least that.
+    flood = "\n".join(
+        [
+            "import sys",
+            "chunk = 'x' * 2**20",
+            "for _ in range(256):",
+            "    sys.stdout.write(chunk)",
+            "    sys.stderr.write(chunk)",
+        ]
+    )
+    completion = [{"role": "assistant", "content": f"```python\n{flood}\n```"}]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert code_unit_test_reward([completion], [["assert True"]], timeout=60.0) == [1.0]
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 64

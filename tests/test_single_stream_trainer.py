@@ -16,10 +16,10 @@ import torch
 from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
+from trl_aspo.checkpoint_state import load_checkpoint_state
 from trl_aspo.prompt_ids import prompt_key
 from trl_aspo.sampler import PrioritizedRepeatSampler
 from trl_aspo.tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
-from trl_aspo.trainer import STATE_FILE
 from trl_aspo.value_init import prepass_plan
 
 RHO = 0.875
@@ -313,7 +313,7 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
     first = make_trainer(max_steps=2, **overrides)
     first.train()
     checkpoint = os.path.join(tmp_path / "run", "checkpoint-2")
-    saved = torch.load(os.path.join(checkpoint, STATE_FILE), weights_only=False)
+    saved = load_checkpoint_state(checkpoint)
     assert saved["value_event"] == first._value_event == 2
     tracker = first._value_tracker
     if estimator == "spo":

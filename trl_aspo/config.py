@@ -8,7 +8,9 @@ With every new switch at its default, the configuration means exactly what the s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import types as types_module
+import typing
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -17,6 +19,47 @@ ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
 ASPO_AGGREGATIONS = ("token", "sequence")
 VALUE_RHO_MODES = ("constant", "kl")
 SINGLE_STREAM_ESTIMATORS = ("spo", "spo++")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# Annotation -> (accepts the value, what is allowed): the type checks of every field ASPOConfig adds.
+_TYPE_CHECKS = {
+    "bool": (lambda value: isinstance(value, bool), "true or false"),
+    "int": (lambda value: isinstance(value, int) and not isinstance(value, bool), "an integer"),
+    "float": (_is_number, "a finite number"),
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "list[float]": (
+        lambda value: isinstance(value, list | tuple) and all(_is_number(item) for item in value),
+        "a list of finite numbers",
+    ),
+}
+
+
+def _type_name(hint) -> str:
+    if hint is type(None):
+        return "None"
+    if typing.get_origin(hint) is list:
+        return f"list[{', '.join(_type_name(arg) for arg in typing.get_args(hint))}]"
+    return getattr(hint, "__name__", str(hint))
+
+
+def aspo_field_types() -> dict[str, list[str]]:
+    """For each field ASPOConfig adds to GRPOConfig, the names of the types its annotation allows ('float', 'None',
+    'list[float]', ...), read with `typing.get_type_hints` (dataclass annotations are strings here, and
+    `HfArgumentParser` rewrites `Field.type`)."""
+    hints = typing.get_type_hints(ASPOConfig)
+    grpo = {config_field.name for config_field in fields(GRPOConfig)}
+    types = {}
+    for config_field in fields(ASPOConfig):
+        if config_field.name in grpo:
+            continue
+        hint = hints[config_field.name]
+        union = typing.get_origin(hint) in (typing.Union, types_module.UnionType)
+        types[config_field.name] = [_type_name(arg) for arg in (typing.get_args(hint) if union else (hint,))]
+    return types
 
 
 class _SingleCompletion(int):
@@ -263,6 +306,15 @@ class ASPOConfig(GRPOConfig):
         metadata={"help": "Floor added to every prompt's sampling weight, so no prompt starves. Must be > 0."},
     )
 
+    value_reset_on_resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume a checkpoint without its value tracker on purpose: the tracker starts fresh (Beta(0.5, "
+            "0.5), or value_init_file) when the checkpoint holds no trl-aspo state, no tracker for this "
+            "advantage_estimator, or was keyed by another prompt_id_column. False = such a resume is refused."
+        },
+    )
+
     def __post_init__(self):
         self._validate_aspo_fields()
         single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
@@ -277,10 +329,33 @@ class ASPOConfig(GRPOConfig):
                 self.num_generations = 1
                 self.num_generations_eval = self.num_generations_eval or 1
 
+    def _check_field_types(self) -> None:
+        """Type-check every field ASPOConfig adds against its annotation, before any range check compares values:
+        values from YAML arrive unconverted (a number for a list, a list for a number, 1 for true)."""
+        for name, alternatives in aspo_field_types().items():
+            value = getattr(self, name)
+            if "None" in alternatives and value is None:
+                continue
+            checks = [_TYPE_CHECKS[kind] for kind in alternatives if kind in _TYPE_CHECKS]
+            if len(checks) + ("None" in alternatives) < len(alternatives):
+                continue  # an annotation this table does not know: the field's own checks apply
+            if not any(accepts(value) for accepts, _ in checks):
+                allowed = " or ".join([what for _, what in checks] + (["None"] * ("None" in alternatives)))
+                raise ValueError(f"ASPOConfig.{name}={value!r} is invalid: must be {allowed}.")
+
     def _validate_aspo_fields(self) -> None:
         def require(condition: bool, name: str, allowed: str) -> None:
             if not condition:
                 raise ValueError(f"ASPOConfig.{name}={getattr(self, name)!r} is invalid: {allowed}.")
+
+        self._check_field_types()
+        require(
+            self.num_generations is None
+            or (isinstance(self.num_generations, int) and not isinstance(self.num_generations, bool))
+            and self.num_generations >= 1,
+            "num_generations",
+            "must be a positive integer",
+        )
 
         def finite(value) -> bool:
             return isinstance(value, int | float) and math.isfinite(value)
@@ -386,7 +461,7 @@ class ASPOConfig(GRPOConfig):
         require(self.value_kl_half > 0, "value_kl_half", "must be > 0")
         require(self.value_rho_max <= 1, "value_rho_max", "must be <= 1")
         require(0 < self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
-        require(self.value_prior_strength > 0, "value_prior_strength", "must be > 0")
+        require(self.value_prior_strength > 0, "value_prior_strength", "must be a finite number > 0")
         require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
         require(
             single_stream or (self.value_init_samples == 0 and self.value_init_file is None),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,8 +32,41 @@ def prompt_key(prompt: Any) -> str:
     return hashlib.blake2b(canonical.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def prompt_id_key(value: Any, column: str) -> str:
+    """The key of a `prompt_id_column` value: its text, for a string, an integer or a finite float.
+
+    None and NaN are refused (as strings 'None' and 'nan' they would merge every prompt lacking an id into one
+    tracker entry), and so are containers, whose text is no stable identity."""
+    if isinstance(value, float) and not math.isfinite(value) or value is None:
+        raise ValueError(
+            f"prompt id column {column!r} holds {value!r}: every row needs a prompt id (a string or a number); "
+            "rows without one would share a single value-tracker entry."
+        )
+    if not isinstance(value, str | int | float):
+        raise ValueError(
+            f"prompt id column {column!r} holds a {type(value).__name__} ({value!r}); a prompt id must be a string "
+            "or a number."
+        )
+    return str(value)
+
+
+def _without_none_fields(prompt: Any) -> Any:
+    if isinstance(prompt, Mapping):
+        return {key: _without_none_fields(value) for key, value in prompt.items() if value is not None}
+    if isinstance(prompt, list | tuple):
+        return [_without_none_fields(item) for item in prompt]
+    return prompt
+
+
+def prompt_match_key(prompt: Any) -> str:
+    """`prompt_key` of the prompt without None-valued fields, for matching prompts written by hand (a value-init
+    file) against dataset prompts to which `datasets` added fields such as `'name': None` to every message."""
+    return prompt_key(_without_none_fields(prompt))
+
+
 def prompt_keys(inputs: Sequence[Mapping[str, Any]], column: str | None = None) -> list[str]:
-    """Keys for dataset rows: ``str(row[column])`` if ``column`` is given, else ``prompt_key(row["prompt"])``."""
+    """Keys for dataset rows: ``prompt_id_key(row[column], column)`` if ``column`` is given, else
+    ``prompt_key(row["prompt"])``."""
     field = "prompt" if column is None else column
     keys = []
     for row in inputs:
@@ -41,5 +75,5 @@ def prompt_keys(inputs: Sequence[Mapping[str, Any]], column: str | None = None) 
         except KeyError:
             what = "prompt id column" if column is not None else "column"
             raise ValueError(f"{what} {field!r} is missing from a dataset row (available: {sorted(row)}).") from None
-        keys.append(prompt_key(value) if column is None else str(value))
+        keys.append(prompt_key(value) if column is None else prompt_id_key(value, column))
     return keys

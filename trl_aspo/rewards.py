@@ -18,7 +18,8 @@ def _last_python_block(completion) -> str | None:
 def code_unit_test_reward(completions, tests, timeout: float = 10.0, **kwargs) -> list[float]:
     """1.0 when the completion's last ```python block passes every assert of its row's `tests`, else 0.0.
 
-    Each program runs in a fresh `python -I` subprocess with a time limit. This isolates crashes and hangs, not
+    Each program runs in a fresh `python -I` subprocess with a time limit. Its output is discarded unread (only the
+    return code counts), so a program printing without end costs no memory. This isolates crashes and hangs, not
     malicious code: run untrusted generations inside a sandbox."""
     rewards = []
     for completion, row_tests in zip(completions, tests, strict=True):
@@ -29,7 +30,12 @@ def code_unit_test_reward(completions, tests, timeout: float = 10.0, **kwargs) -
         program = code + "\n\n" + "\n".join(row_tests) + "\n"
         try:
             result = subprocess.run(
-                [sys.executable, "-I", "-c", program], capture_output=True, timeout=timeout, check=False
+                [sys.executable, "-I", "-c", program],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
             )
             rewards.append(1.0 if result.returncode == 0 else 0.0)
         except subprocess.TimeoutExpired:

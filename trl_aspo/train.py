@@ -75,7 +75,9 @@ def resolve_callable(name: str, builtins: dict[str, str], what: str):
         raise ValueError(
             f"{what} {name!r} is neither a built-in ({sorted(builtins)}) nor a dotted import path like 'pkg.mod.fn'."
         )
-    sys.path.insert(0, os.getcwd())
+    # User modules in the working directory are found, after installed packages: a local `matplotlib.py` shadows none.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:

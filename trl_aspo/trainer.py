@@ -18,15 +18,15 @@ import dataclasses
 import importlib
 import inspect
 import math
-import os
 
 import torch
 from accelerate.utils import gather_object
 from datasets import IterableDataset
 from tqdm.auto import tqdm
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
+from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
 from .losses import (
     aggregate_loss,
@@ -37,7 +37,7 @@ from .losses import (
     unflipped_sample_mask,
 )
 from .normalize import batch_normalize, token_measure_normalize
-from .prompt_ids import prompt_key, prompt_keys
+from .prompt_ids import prompt_id_key, prompt_key, prompt_keys, prompt_match_key
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
 from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
 from .tool_metrics import (
@@ -49,7 +49,28 @@ from .tool_metrics import (
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
 from .value_init import prepass_plan, read_init_counts
 
-STATE_FILE = "aspo_state.pt"
+logger = logging.get_logger(__name__)
+
+# Settings a resume compares with the checkpoint's. Refused when changed (why), unless marked resettable and
+# `value_reset_on_resume` is set; the others are applied with a logged warning.
+_RESUME_FIELDS = (
+    "advantage_estimator",
+    "prompt_id_column",
+    "seed",
+    "value_rho",
+    "value_rho_mode",
+    "value_reward_range",
+    "advantage_normalization",
+    "prioritized_sampling",
+)
+_RESUME_REFUSED = {
+    "advantage_estimator": "the saved value tracker belongs to that estimator",
+    "prompt_id_column": "the saved tracker's prompt keys come from it",
+    "seed": "the saved random states and sampler order come from it",
+}
+_RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
+# Float32 rounding of a weighted reward sum (weights summing to 1, full credit: 1.0000001) is not a range violation.
+_UNIT_RANGE_TOLERANCE = 1e-6
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -124,7 +145,7 @@ class ASPOTrainer(GRPOTrainer):
         if self._value_tracker is not None and args.value_init_file is not None:
             self._init_values_from_file(args.value_init_file)
 
-        self._call_token_ids = resolve_call_token_ids(self.processing_class, args.tool_call_opener)
+        self._call_token_ids = resolve_call_token_ids(self._tokenizer, args.tool_call_opener)
         self._shaping_hooks = []
         if args.tool_shaping_interactive_bonus > 0:
             self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
@@ -189,7 +210,7 @@ class ASPOTrainer(GRPOTrainer):
                 raise ValueError(
                     f"ASPOConfig.prompt_id_column={column!r} is not a dataset column; columns: {dataset.column_names}."
                 )
-            return [str(value) for value in dataset[column]]
+            return [prompt_id_key(value, column) for value in dataset[column]]
         return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
     def _refresh_priorities(self, full: bool = False) -> None:
@@ -218,8 +239,27 @@ class ASPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------- advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Kept for the advantage step: TRL computes its group baseline inline and does not return the gathered rewards.
-        self._gathered_rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._gathered_rewards_per_func = self._unscorable_if_infinite(rewards_per_func)
         return self._gathered_rewards_per_func
+
+    def _unscorable_if_infinite(self, rewards_per_func: torch.Tensor) -> torch.Tensor:
+        """Turn infinite rewards into NaN, TRL's "this function returned None", before any baseline sees them.
+
+        A +-inf reward (or a weighted total that overflows float32) would make every weight that shares a mean or a
+        standard deviation with it NaN; as None it only leaves that completion unscored by that function."""
+        infinite = torch.isinf(rewards_per_func)
+        totals = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        overflowing = torch.isinf(totals) & ~infinite.any(dim=1)
+        if not (infinite.any() or overflowing.any()):
+            return rewards_per_func
+        names = [name for name, bad in zip(self.reward_func_names, infinite.any(dim=0).tolist(), strict=True) if bad]
+        logger.warning(
+            f"{int(infinite.sum())} infinite reward(s) from {names} and {int(overflowing.sum())} weighted total(s) "
+            "beyond float32 in this round are treated as None (that completion unscored by that function)."
+        )
+        rewards_per_func = rewards_per_func.masked_fill(infinite, torch.nan)
+        return torch.where(overflowing.unsqueeze(1), torch.full_like(rewards_per_func, torch.nan), rewards_per_func)
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
@@ -300,7 +340,7 @@ class ASPOTrainer(GRPOTrainer):
             stats = regex_tool_call_positions(
                 None,
                 output["completion_ids"],
-                self.processing_class,
+                self._tokenizer,
                 self.args.tool_call_pattern,
                 output.get("tool_mask"),
                 completion_mask=output["completion_mask"],
@@ -331,9 +371,7 @@ class ASPOTrainer(GRPOTrainer):
             advantages, positions, lengths, eligible, groups, delta=args.tool_shaping_delta, k=args.tool_shaping_k
         )
         if self._shaping_hooks:
-            texts = gather_object(
-                self.processing_class.batch_decode(output["completion_ids"], skip_special_tokens=True)
-            )
+            texts = gather_object(self._tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True))
             for hook in self._shaping_hooks:
                 bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
         for name, value in shaping_stats(bias, eligible).items():
@@ -346,8 +384,9 @@ class ASPOTrainer(GRPOTrainer):
             low, high = self.args.value_reward_range
             rewards = (rewards - low) / (high - low)
         valid = rewards[~torch.isnan(rewards)]
-        if valid.numel() and (valid.min() < 0 or valid.max() > 1):
-            bad = valid[(valid < 0) | (valid > 1)][0].item()
+        outside = (valid < -_UNIT_RANGE_TOLERANCE) | (valid > 1 + _UNIT_RANGE_TOLERANCE)
+        if outside.any():
+            bad = valid[outside][0].item()
             if self.args.value_reward_range is not None:
                 raise ValueError(
                     f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; after "
@@ -358,7 +397,7 @@ class ASPOTrainer(GRPOTrainer):
                 f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
                 "ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
             )
-        return rewards
+        return rewards.clamp(0.0, 1.0)
 
     def _observe(self, keys, outcomes, scorable, output) -> None:
         valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]
@@ -376,10 +415,16 @@ class ASPOTrainer(GRPOTrainer):
         input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         logits_to_keep = output["completion_ids"].size(1)
+        forward_inputs = {key: output.get(key) for key in _FORWARD_KEYS}
         logps_before = output.get("old_per_token_logps")
         if logps_before is None:
             logps_before, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size=self.args.per_device_train_batch_size
+                self.model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=self.args.per_device_train_batch_size,
+                **forward_inputs,
             )
         mask = output["completion_mask"] * output.get("tool_mask", 1)
         return {
@@ -390,6 +435,7 @@ class ASPOTrainer(GRPOTrainer):
             "keys": keys,
             "outcomes": outcomes,
             "scorable": scorable,
+            "forward_inputs": forward_inputs,
         }
 
     @torch.no_grad()
@@ -404,6 +450,7 @@ class ASPOTrainer(GRPOTrainer):
             pending["attention_mask"],
             pending["logps_before"].size(1),
             batch_size=self.args.per_device_train_batch_size,
+            **pending["forward_inputs"],
         )
         rho_local = kl_adaptive_rho(
             pending["logps_before"],
@@ -436,13 +483,39 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
     def _init_values_from_file(self, path: str) -> None:
-        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column)
+        dataset = self.train_dataset
+        enumerable = not isinstance(dataset, IterableDataset) and hasattr(dataset, "column_names")
+        by_match = None
+        if enumerable and self.args.prompt_id_column is None:
+            by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
+        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column, by_match)
         try:
             self._value_tracker.init_from_counts(
                 keys, successes, trials, prior_strength=self.args.value_prior_strength
             )
         except ValueError as error:
             raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
+        if enumerable:
+            self._report_init_matches(path, keys, set(self._keys_of_rows(dataset)))
+
+    def _report_init_matches(self, path: str, keys: list[str], dataset_keys: set[str]) -> None:
+        """Say how many value-init records name a training prompt; refuse a file in which none does."""
+        matched = sum(key in dataset_keys for key in keys)
+        column = self.args.prompt_id_column
+        if column is None:
+            how = "records name prompts by 'prompt' (the exact dataset prompt: chat messages for a chat dataset)"
+        else:
+            how = f"records name prompts by 'prompt_id', matched against prompt_id_column={column!r}"
+        if matched == 0:
+            raise ValueError(
+                f"ASPOConfig.value_init_file={path!r}: none of its {len(keys)} records matches a training prompt; "
+                f"{how}."
+            )
+        message = f"ASPOConfig.value_init_file={path!r}: {matched} of {len(keys)} records match a training prompt"
+        if matched < len(keys):
+            logger.warning(f"{message}; the other {len(keys) - matched} are ignored ({how}).")
+        else:
+            logger.info(f"{message}.")
 
     # ---------------------------------------------------------------- value pre-pass
     def train(
@@ -527,7 +600,7 @@ class ASPOTrainer(GRPOTrainer):
         self._value_tracker.init_from_counts(
             scored, [successes[key] for key in scored], [trials[key] for key in scored], **counts
         )
-        self._refresh_priorities()
+        self._refresh_priorities(full=True)
 
     def _prepass_rewards(self, inputs: list[dict]) -> torch.Tensor:
         """One completion per row of `inputs` with TRL's generation; total rewards gathered across ranks, mapped
@@ -676,16 +749,22 @@ class ASPOTrainer(GRPOTrainer):
         self._aspo_entropy_window = None
 
     # ---------------------------------------------------------------- checkpoints
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+    def _save_rng_state(self, output_dir: str) -> None:
+        # The smallest hook of `Trainer._save_checkpoint` that every rank runs inside the new checkpoint before
+        # trainer_state.json marks it complete and old checkpoints are rotated away: the state is written there.
+        super()._save_rng_state(output_dir)
+        self._save_aspo_state(output_dir)
+
+    def _save_aspo_state(self, checkpoint: str) -> None:
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
         tracker = None if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
-        checkpoint = os.path.join(
-            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        )
-        state = {"value_event": self._value_event, "aspo_kl_coef": self._aspo_kl_coef}
+        state = {
+            "value_event": self._value_event,
+            "aspo_kl_coef": float(self._aspo_kl_coef),
+            "config": self._resume_config(),
+        }
         if tracker is not None:
             state["tracker"] = tracker.state_dict()
         if getattr(self, "_priority_sampler", None) is not None:
@@ -693,7 +772,16 @@ class ASPOTrainer(GRPOTrainer):
             sampler = copy.deepcopy(self._priority_sampler)
             sampler.set_values(self._tracker_values(self._dataset_keys, tracker))
             state["sampler"] = sampler.state_dict()
-        torch.save(state, os.path.join(checkpoint, STATE_FILE))
+        save_checkpoint_state(checkpoint, state)
+
+    def _resume_config(self) -> dict:
+        """The settings a resumed run is compared with (README, "Resuming")."""
+        config = {name: getattr(self.args, name) for name in _RESUME_FIELDS}
+        config["value_reward_range"] = (
+            None if config["value_reward_range"] is None else list(config["value_reward_range"])
+        )
+        config["train_rows"] = None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
+        return config
 
     def _checkpoint_tracker(self) -> EventValueTracker | VisitValueTracker:
         """The tracker a run resumed from this checkpoint must start from.
@@ -712,22 +800,98 @@ class ASPOTrainer(GRPOTrainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        path = None if checkpoint is None else os.path.join(checkpoint, STATE_FILE)
-        if path is None or not os.path.exists(path):
+        if checkpoint is None:
             return
-        state = torch.load(path, weights_only=False)
+        if checkpoint_state_file(checkpoint) is None:
+            self._resume_without_state(checkpoint)
+            return
+        state = load_checkpoint_state(checkpoint)
+        path = checkpoint_state_file(checkpoint)
+        # A generation round happens at some micro-step, so a run has had at most as many rounds as micro-steps.
+        max_rounds = self.state.global_step * self.args.gradient_accumulation_steps
+        if state["value_event"] > max_rounds:
+            raise ValueError(
+                f"checkpoint state {path}: value_event={state['value_event']} exceeds the {max_rounds} micro-steps of "
+                f"its global_step={self.state.global_step}; the file does not belong to this checkpoint."
+            )
+        fresh_tracker = self._check_resume_config(state.get("config"), path, has_tracker="tracker" in state)
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
         self._pending_visit = None
-        if self._value_tracker is not None and "tracker" in state:
+        if self._value_tracker is not None and not fresh_tracker:
             try:
                 self._value_tracker.load_state_dict(state["tracker"])
-            except ValueError as error:
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
                 raise ValueError(
-                    f"{path} holds a value tracker that advantage_estimator={self.args.advantage_estimator!r} cannot "
-                    f"resume: {error}"
+                    f"checkpoint state {path} holds a value tracker that advantage_estimator="
+                    f"{self.args.advantage_estimator!r} cannot resume: {error.__class__.__name__}: {error}"
                 ) from None
-        if getattr(self, "_priority_sampler", None) is not None and "sampler" in state:
-            self._priority_sampler.load_state_dict(state["sampler"])
+            if isinstance(self._value_tracker, EventValueTracker):
+                self._value_tracker.rho = self.args.value_rho
+        if getattr(self, "_priority_sampler", None) is not None and state.get("sampler") is not None:
+            try:
+                self._priority_sampler.load_state_dict(state["sampler"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise ValueError(
+                    f"checkpoint state {path} holds a sampler state that cannot be resumed: "
+                    f"{error.__class__.__name__}: {error}"
+                ) from None
         # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
         self._refresh_priorities(full=True)
+
+    def _resume_without_state(self, checkpoint: str) -> None:
+        if self._value_tracker is None:
+            return
+        if not self.args.value_reset_on_resume:
+            raise ValueError(
+                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}): it was written by an interrupted save, by "
+                f"another trainer, or with save_only_model, so the value tracker of advantage_estimator="
+                f"{self.args.advantage_estimator!r} cannot be restored. Resume from an earlier checkpoint, or set "
+                "ASPOConfig.value_reset_on_resume=True to start a fresh tracker on purpose."
+            )
+        logger.warning(
+            f"Resuming from {checkpoint} without trl-aspo state: value_reset_on_resume=True starts a fresh value "
+            "tracker (value_init_file applies; no pre-pass)."
+        )
+
+    def _check_resume_config(self, saved: dict | None, path: str, has_tracker: bool) -> bool:
+        """Compare the checkpoint's settings with this run's (README, "Resuming"); returns whether the tracker
+        starts fresh. Settings that change what the saved state means are refused, the others applied with a
+        warning. A legacy state without recorded settings is only checked for the tracker's presence."""
+        current = self._resume_config()
+        reset = self.args.value_reset_on_resume
+        changed = {}
+        if saved is not None:
+            changed = {name: (saved.get(name), value) for name, value in current.items() if saved.get(name) != value}
+        for name in _RESUME_REFUSED:
+            if name in changed and not (reset and name in _RESUME_RESET):
+                before, after = changed[name]
+                allowed = " or set ASPOConfig.value_reset_on_resume=True" if name in _RESUME_RESET else ""
+                raise ValueError(
+                    f"Resuming from {path} with {name}={after!r}, but the checkpoint was trained with {name}="
+                    f"{before!r}: {_RESUME_REFUSED[name]}. Use {name}={before!r}{allowed}."
+                )
+        if "train_rows" in changed and self.args.prioritized_sampling:
+            before, after = changed["train_rows"]
+            raise ValueError(
+                f"Resuming from {path} with a training dataset of {after} rows, but the checkpoint was trained on "
+                f"{before} rows: the prioritized sampler's weights and order are per row; use the same dataset."
+            )
+        for name, (before, after) in changed.items():
+            if name not in _RESUME_REFUSED:
+                logger.warning(
+                    f"Resuming from {path}: {name} changes from {before!r} to {after!r}; the new value applies."
+                )
+        fresh = self._value_tracker is not None and (not has_tracker or "advantage_estimator" in changed)
+        if fresh and not reset:
+            raise ValueError(
+                f"{path} holds no value tracker for advantage_estimator={self.args.advantage_estimator!r}. Resume "
+                "with the checkpoint's estimator, or set ASPOConfig.value_reset_on_resume=True to start a fresh "
+                "tracker on purpose."
+            )
+        if reset and (fresh or changed.keys() & _RESUME_RESET):
+            logger.warning(
+                f"Resuming from {path}: value_reset_on_resume=True, the checkpoint's value tracker is not used."
+            )
+            return True
+        return fresh

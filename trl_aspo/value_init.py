@@ -7,16 +7,21 @@ A prompt with s successes in n0 samples starts at alpha_0 = N0 (s + 0.5) / (n0 +
 from __future__ import annotations
 
 import json
+import math
 
-from .prompt_ids import prompt_key
+from .prompt_ids import prompt_id_key, prompt_key, prompt_match_key
 
 
-def read_init_counts(path: str, prompt_id_column: str | None) -> tuple[list[str], list[float], list[float]]:
+def read_init_counts(
+    path: str, prompt_id_column: str | None, prompt_keys_by_match: dict[str, str] | None = None
+) -> tuple[list[str], list[float], list[float]]:
     """Read `[{'prompt_id' | 'prompt': ..., 'successes': s, 'trials': n}, ...]` into (keys, successes, trials).
 
     A record names its prompt by `prompt_id` (matched against `prompt_id_column` values) or by the prompt itself
-    (matched by its content hash, so only when no `prompt_id_column` is used). Every problem raises a `ValueError`
-    naming the file and the record."""
+    (matched by its content hash, so only when no `prompt_id_column` is used). `prompt_keys_by_match` maps the
+    `prompt_match_key` of each dataset prompt to its key, so a record's prompt matches a dataset prompt that differs
+    only by None-valued fields. Counts must be finite. Every problem raises a `ValueError` naming the file and the
+    record."""
     where = f"ASPOConfig.value_init_file={path!r}"
     try:
         with open(path) as handle:
@@ -42,8 +47,13 @@ def read_init_counts(path: str, prompt_id_column: str | None) -> tuple[list[str]
         counts = (record["successes"], record["trials"])
         if not all(isinstance(value, int | float) and not isinstance(value, bool) for value in counts):
             raise ValueError(f"{where}: record {index} needs numeric 'successes' and 'trials', got {counts}.")
+        if not all(math.isfinite(value) for value in counts):
+            raise ValueError(f"{where}: record {index} needs finite 'successes' and 'trials', got {counts}.")
         if "prompt_id" in record:
-            key = str(record["prompt_id"])
+            try:
+                key = prompt_id_key(record["prompt_id"], "prompt_id")
+            except ValueError as error:
+                raise ValueError(f"{where}: record {index}: {error}") from None
         elif prompt_id_column is not None:
             # A content hash would never match: prompts are identified by the column's values.
             raise ValueError(
@@ -52,6 +62,8 @@ def read_init_counts(path: str, prompt_id_column: str | None) -> tuple[list[str]
             )
         else:
             key = prompt_key(record["prompt"])
+            if prompt_keys_by_match is not None:
+                key = prompt_keys_by_match.get(prompt_match_key(record["prompt"]), key)
         if key in keys:
             raise ValueError(f"{where}: record {index} repeats the prompt of record {keys.index(key)}.")
         keys.append(key)

@@ -64,3 +64,16 @@ def test_defaults_leave_grpo_untouched():
     assert config.loss_type == "dapo"
     assert config.advantage_estimator == "group" and config.advantage_normalization == "group"
     assert not config.tool_shaping and not config.prioritized_sampling
+
+
+def test_prior_strength_follows_rho_unless_set():
+    """Issue 11 item 3: N0 = 1/(1-rho_min) for KL-adaptive rho, 1/(1-rho) for constant rho and spo++."""
+    assert make(advantage_estimator="spo++").value_prior_strength == 8.0  # 1 / (1 - 0.875)
+    assert make(advantage_estimator="spo++", value_rho=0.9).value_prior_strength == pytest.approx(10.0)
+    assert make(advantage_estimator="spo", value_rho=0.75).value_prior_strength == 4.0
+    kl = make(advantage_estimator="spo", value_rho_mode="kl", value_rho_min=0.8, value_rho_max=0.96)
+    assert kl.value_prior_strength == pytest.approx(5.0)  # follows rho_min, not value_rho=0.875
+    assert make(advantage_estimator="spo++", value_rho=0.9, value_prior_strength=3.0).value_prior_strength == 3.0
+    assert make(advantage_estimator="spo++", value_rho=1.0).value_prior_strength is None  # nothing to initialize
+    with pytest.raises(ValueError, match="ASPOConfig.value_prior_strength=None"):
+        make(advantage_estimator="spo++", value_rho=1.0, value_init_file="counts.json")

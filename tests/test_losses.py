@@ -235,13 +235,23 @@ def test_progressive_flip_threshold_schedule_and_effect():
 
 
 def test_unflipped_sample_mask_and_effect():
-    mask = unflipped_sample_mask(10, 0.3, _gen(7))
-    assert mask.dtype == torch.bool and mask.shape == (10,) and int(mask.sum()) == 3
-    assert torch.equal(mask, unflipped_sample_mask(10, 0.3, _gen(7)))
-    assert int(unflipped_sample_mask(7, 0.5, _gen(0)).sum()) == round(3.5)
-    assert not unflipped_sample_mask(5, 0.0, _gen(0)).any() and unflipped_sample_mask(5, 1.0, _gen(0)).all()
+    # Five of the eight samples have A > 0 (indices 0, 2, 4, 6, 7): 0.4 of them is 2, drawn among those five only.
+    sample_advantages = torch.tensor([0.5, -1.0, 0.2, 0.0, 0.3, -0.1, 0.9, 0.4])
+    positive = torch.tensor([0, 2, 4, 6, 7])
+    mask = unflipped_sample_mask(sample_advantages, 0.4, _gen(7))
+    assert mask.dtype == torch.bool and mask.shape == (8,) and int(mask.sum()) == 2
+    assert not mask[sample_advantages <= 0].any()
+    expected = torch.zeros(8, dtype=torch.bool)
+    expected[positive[torch.randperm(5, generator=_gen(7))[:2]]] = True
+    assert torch.equal(mask, expected)
+    assert int(unflipped_sample_mask(sample_advantages, 0.5, _gen(0)).sum()) == round(2.5)
+    assert torch.equal(unflipped_sample_mask(sample_advantages, 1.0, _gen(0)), sample_advantages > 0)
+    assert not unflipped_sample_mask(sample_advantages, 0.0, _gen(0)).any()
+    assert not unflipped_sample_mask(-sample_advantages.abs(), 1.0, _gen(0)).any()
     with pytest.raises(ValueError, match="fraction"):
-        unflipped_sample_mask(5, 1.5, _gen(0))
+        unflipped_sample_mask(sample_advantages, 1.5, _gen(0))
+    with pytest.raises(ValueError, match="1-D"):
+        unflipped_sample_mask(sample_advantages.view(2, 4), 0.5, _gen(0))
 
     # r = 0.5 and 2.0: unflipped positives use PPO (w = r, hard clip above 1.2), flipped ones w = 1/r.
     ratio = torch.tensor([[0.5, 2.0], [0.5, 2.0], [0.5, 2.0]], dtype=torch.float64)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from .tracker import default_prior_strength
+
 ADVANTAGE_ESTIMATORS = ("group", "spo", "spo++")
 ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
 ASPO_AGGREGATIONS = ("token", "sequence")
@@ -86,8 +88,8 @@ class ASPOConfig(GRPOConfig):
     aspo_unflipped_fraction: float = field(
         default=0.0,
         metadata={
-            "help": "Share of completions (drawn each generation round) whose positive-advantage tokens keep the "
-            "standard clipped ratio instead of the flip. Must lie in [0, 1]."
+            "help": "Share of positive-advantage completions (drawn among them each generation round) whose tokens "
+            "keep the standard clipped ratio instead of the flip. Must lie in [0, 1]."
         },
     )
     aspo_adaptive_kl_beta: float | None = field(
@@ -213,11 +215,13 @@ class ASPOConfig(GRPOConfig):
         default=0.875, metadata={"help": "KL-adaptive rho: lower bound. Must lie in (0, value_rho_max]."}
     )
     value_rho_max: float = field(default=0.96, metadata={"help": "KL-adaptive rho: upper bound. Must be <= 1."})
-    value_prior_strength: float = field(
-        default=8.0,
+    value_prior_strength: float | None = field(
+        default=None,
         metadata={
             "help": "Pseudo-count N0 of the tracker's initialization from counts: a prompt with s successes in n0 "
-            "samples starts at Beta(N0 (s+0.5)/(n0+1), N0 (n0-s+0.5)/(n0+1)). 8 = 1/(1-rho_min). Must be > 0."
+            "samples starts at Beta(N0 (s+0.5)/(n0+1), N0 (n0-s+0.5)/(n0+1)). None = follow rho: "
+            "1/(1-value_rho_min) with value_rho_mode='kl', else 1/(1-value_rho) (8 at 0.875). Must be > 0; must be "
+            "set when that rho is 1 and the tracker is initialized."
         },
     )
     value_init_samples: int = field(
@@ -385,7 +389,21 @@ class ASPOConfig(GRPOConfig):
         require(self.value_kl_half > 0, "value_kl_half", "must be > 0")
         require(self.value_rho_max <= 1, "value_rho_max", "must be <= 1")
         require(0 < self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
-        require(self.value_prior_strength > 0, "value_prior_strength", "must be > 0")
+        if self.value_prior_strength is None:
+            prior_rho = self.value_rho_min if self.value_rho_mode == "kl" else self.value_rho
+            initialized = self.value_init_samples > 0 or self.value_init_file is not None
+            require(
+                prior_rho < 1 or not initialized,
+                "value_prior_strength",
+                f"the default 1/(1-rho) is infinite at rho={prior_rho}; set a positive value",
+            )
+            if prior_rho < 1:
+                self.value_prior_strength = default_prior_strength(prior_rho)
+        require(
+            self.value_prior_strength is None or (finite(self.value_prior_strength) and self.value_prior_strength > 0),
+            "value_prior_strength",
+            "must be > 0",
+        )
         require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
         require(
             single_stream or (self.value_init_samples == 0 and self.value_init_file is None),

@@ -290,24 +290,27 @@ def progressive_flip_threshold(step: int, start: float, decay_steps: int) -> flo
 
 
 def unflipped_sample_mask(
-    num_samples: int,
+    advantages: torch.Tensor,
     fraction: float,
     generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """(B,) bool with exactly ``round(fraction * num_samples)`` (Python's rounding) True entries at random positions.
+    """(B,) bool marking ``round(fraction * P)`` (Python's rounding) of the ``P`` positive-advantage samples at random.
 
-    True marks samples whose positive-advantage tokens keep the standard PPO ratio ("unflipped mix"). Pass a
-    seeded ``generator`` (a CPU one) so every rank draws the same samples.
+    True marks samples whose positive-advantage tokens keep the standard PPO ratio ("unflipped mix" of the ASPO
+    reference, arXiv 2510.06062): the share is drawn among positive-advantage samples, where the flip acts, so
+    ``fraction`` is the share of positive samples left unflipped. ``advantages`` holds one advantage per sample (B,).
+    Pass a seeded ``generator`` (a CPU one) so every rank draws the same samples. Returned on ``advantages``' device.
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"`fraction` must be in [0, 1], got {fraction}.")
-    if num_samples < 0:
-        raise ValueError(f"`num_samples` must be >= 0, got {num_samples}.")
-    chosen = torch.randperm(num_samples, generator=generator)[: round(fraction * num_samples)]
-    unflipped = torch.zeros(num_samples, dtype=torch.bool)
+    if advantages.dim() != 1:
+        raise ValueError(f"`advantages` must be 1-D (one per sample), got shape {tuple(advantages.shape)}.")
+    positive = (advantages.detach().cpu() > 0).nonzero().flatten()
+    order = torch.randperm(len(positive), generator=generator)
+    chosen = positive[order[: round(fraction * len(positive))]]
+    unflipped = torch.zeros(len(advantages), dtype=torch.bool)
     unflipped[chosen] = True
-    return unflipped.to(device) if device is not None else unflipped
+    return unflipped.to(advantages.device)
 
 
 def aggregate_loss(

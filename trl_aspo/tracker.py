@@ -23,7 +23,12 @@ Two forgetting schemes are provided:
 
 Jeffreys-smoothed initialization from ``s`` successes in ``n0`` samples (both trackers, see
 ``init_from_counts``): ``alpha_0 = N0*(s + 0.5)/(n0 + 1)``, ``beta_0 = N0*(n0 - s + 0.5)/(n0 + 1)`` with
-``N0 = 1/(1 - rho_min) = 8`` by default.
+``N0 = 1/(1 - rho)`` by default (:func:`default_prior_strength`; ``rho_min`` for KL-adaptive rho, 8 at 0.875): the
+effective evidence ``alpha + beta`` a prompt carries in steady state under forgetting ``rho``.
+
+SPO++ anchors a prompt's prior at the event at which the prompt enters the tracker (:meth:`EventValueTracker.enter`
+at its first dispatch, or the ``event`` of ``init_from_counts`` for a pre-pass or file), so a prompt first drawn at
+a late round starts from its full prior, not from one already aged by ``rho^q``.
 
 All state is kept in Python floats (IEEE float64) and values are returned as ``torch.float64`` tensors:
 the trackers are bookkeeping, not model math, and float64 keeps the SPO++ sums order-invariant to ~1e-15.
@@ -97,6 +102,20 @@ def _jeffreys_prior(
     return counts
 
 
+def default_prior_strength(rho: float) -> float:
+    """Default prior pseudo-count ``N0 = 1 / (1 - rho)`` (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870).
+
+    ``1 / (1 - rho) = sum_k rho^k`` is the steady-state evidence ``alpha + beta`` of a prompt observed once per
+    visit (or event) under forgetting ``rho``, so the prior weighs as much as the evidence that will replace it.
+    ``rho`` is ``rho_min`` for KL-adaptive forgetting and the constant ``rho`` otherwise; ``rho = 1`` (no forgetting)
+    has no finite default.
+    """
+    rho = _validate_rho(rho)
+    if rho == 1.0:
+        raise ValueError("rho = 1 (no forgetting) has no default prior strength 1/(1 - rho); set it explicitly.")
+    return 1.0 / (1.0 - rho)
+
+
 def _validate_rho(rho: float, name: str = "rho") -> float:
     rho = float(rho)
     if not 0.0 < rho <= 1.0:
@@ -125,9 +144,10 @@ class EventValueTracker:
     is at least ``min(1, alpha_0 + beta_0)``: no 0/0 after long gaps. :meth:`pseudo_counts` returns the
     aged counts, which do depend on ``q`` and may underflow to 0 for prompts unseen for thousands of events.
 
-    Unseen keys start at Beta(0.5, 0.5) initialized at event 0. Note this default prior ages from event 0,
-    so a prompt first observed at a late event has effectively no prior left; call
-    :meth:`init_from_counts` with ``event=`` to anchor a prior elsewhere.
+    Prior event. A key enters the tracker at Beta(0.5, 0.5) anchored at the event of :meth:`enter` (the trainer
+    calls it at the key's first dispatch) or, for a key never entered, at the earliest event of its first observe call;
+    :meth:`init_from_counts` anchors a prior at its ``event=`` (the start of training for a pre-pass or file). The
+    prior of a prompt first drawn at event 40 therefore ages from 40, not from 0.
     """
 
     def __init__(self, rho: float = 0.875) -> None:
@@ -142,11 +162,19 @@ class EventValueTracker:
         """Number of keys with stored state (an initialized prior or at least one observation)."""
         return len(self._state)
 
-    def _entry(self, key: str) -> list[float]:
+    def _entry(self, key: str, event: int) -> list[float]:
         entry = self._state.get(key)
         if entry is None:
-            entry = self._state[key] = [PRIOR_ALPHA, PRIOR_BETA, 0]
+            entry = self._state[key] = [PRIOR_ALPHA, PRIOR_BETA, event]
         return entry
+
+    def enter(self, keys: Sequence[str], event: int) -> None:
+        """Anchor the default prior Beta(0.5, 0.5) of each key not yet tracked at ``event`` (its first dispatch).
+
+        Keys already tracked (entered, initialized or observed) are left untouched."""
+        event = self._check_event(event)
+        for key in keys:
+            self._entry(key, event)
 
     def _fold(self, key: str, event: int) -> list[float] | None:
         """Fold pending outcomes with ``z <= event`` into the stored counts; return the state (None if unseen)."""
@@ -190,7 +218,7 @@ class EventValueTracker:
         alphas, betas = [], []
         for key in keys:
             entry = self._fold(key, event)
-            alpha, beta, e = entry if entry is not None else (PRIOR_ALPHA, PRIOR_BETA, 0)
+            alpha, beta, e = entry if entry is not None else (PRIOR_ALPHA, PRIOR_BETA, event)
             decay = self.rho ** (event - e)
             alphas.append(alpha * decay)
             betas.append(beta * decay)
@@ -210,7 +238,9 @@ class EventValueTracker:
         """Record outcomes: ``rewards[i]`` in [0, 1] for ``keys[i]``, generated at policy event ``events[i]``.
 
         ``events`` is a list/int tensor with one event per key, or one int for all. Outcomes may arrive in any
-        order (late ones count exactly as if observed on time). Inputs are validated before any state changes.
+        order (late ones count exactly as if observed on time) once the key has entered (:meth:`enter` at its first
+        dispatch); a key observed before entering enters at the earliest event of this call's outcomes for it.
+        Inputs are validated before any state changes.
         """
         values = _validate_rewards(keys, rewards)
         if isinstance(events, torch.Tensor):
@@ -222,8 +252,14 @@ class EventValueTracker:
         if len(events) != len(keys):
             raise ValueError(f"`events` has {len(events)} entries but `keys` has {len(keys)}; they must match.")
         events = [self._check_event(z) for z in events]
+        entering: dict[str, int] = {}
+        for key, z in zip(keys, events, strict=True):
+            if key not in self._state:
+                entering[key] = min(z, entering.get(key, z))
+        for key, event in entering.items():
+            self._entry(key, event)
         for key, r, z in zip(keys, values, events, strict=True):
-            entry = self._entry(key)
+            entry = self._state[key]
             if z <= entry[2]:
                 w = self.rho ** (entry[2] - z)
                 entry[0] += w * r

@@ -195,6 +195,8 @@ class ASPOTrainer(GRPOTrainer):
         if mode == "train" and self._single_stream:
             self._observe_pending_visit()
             keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
+            if isinstance(self._value_tracker, EventValueTracker):
+                self._value_tracker.enter(keys, self._value_event)
             dispatch_values = self._tracker_values(keys).float()
         output = super()._generate_and_score_completions(inputs)
         if mode != "train":
@@ -239,7 +241,8 @@ class ASPOTrainer(GRPOTrainer):
             self._observe(keys, outcomes, scorable, output)
         if self.loss_type == "aspo" and self.args.aspo_unflipped_fraction > 0:
             generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
-            draw = unflipped_sample_mask(len(rewards), self.args.aspo_unflipped_fraction, generator)
+            final_advantages = self.accelerator.gather(output["advantages"]).cpu()
+            draw = unflipped_sample_mask(final_advantages, self.args.aspo_unflipped_fraction, generator)
             output["aspo_unflipped"] = self._local_slice(draw, inputs)
         completion_repeats = repetition_rate(output["completion_ids"], action_mask)
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from trl_aspo.prompt_ids import prompt_key, prompt_keys
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker, default_prior_strength, kl_adaptive_rho
+from trl_aspo.tracker import (
+    EventValueTracker,
+    VisitValueTracker,
+    default_prior_strength,
+    kl_adaptive_rho,
+    logprob_drift,
+)
 
 # ----------------------------------------------------------------------------------------------------------- SPO
 
@@ -285,25 +291,29 @@ def test_state_dict_round_trip_json_and_torch(tmp_path):
 # ------------------------------------------------------------------------------------------------ KL-adaptive rho
 
 
-def test_kl_adaptive_rho_hand_numbers():
-    before = torch.zeros(4, 2)
-    after = torch.tensor(
+def test_logprob_drift_and_kl_adaptive_rho_hand_numbers():
+    stored = torch.zeros(4, 2)
+    now = torch.tensor(
         [
             [-0.004, -0.008],  # D = 0.006 -> 2^-0.1 = 0.93303...
             [0.003, -0.009],  # |.| mean = 0.006 as well
             [0.0, 0.0],  # D = 0 -> 1, clipped to rho_max
-            [-0.06, 100.0],  # second token masked out: D = 0.06 -> 0.5, clipped to rho_min
+            [-0.06, float("nan")],  # second token masked out: D = 0.06 -> 0.5, clipped to rho_min
         ]
     )
     mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0]])
-    rho = kl_adaptive_rho(before, after, mask)
+    drift = logprob_drift(stored, now, mask)
+    assert drift.dtype == torch.float64 and drift.tolist() == pytest.approx([0.006, 0.006, 0.0, 0.06], abs=1e-9)
+    rho = kl_adaptive_rho(drift)
     assert rho.shape == (4,)
     assert rho.tolist() == pytest.approx([0.9330329915368074, 0.9330329915368074, 0.96, 0.875], abs=1e-6)
-    # No masked tokens: no measured change -> rho_max; custom bounds and half-life.
-    rho = kl_adaptive_rho(before[:2], after[:2], torch.tensor([[0, 0], [1, 1]]), d_half=0.006, rho_min=0.1)
-    assert rho.tolist() == pytest.approx([0.96, 0.5], abs=1e-6)
+    # No masked tokens: D = 0 -> rho_max; custom bounds and half-life.
+    drift = logprob_drift(stored[:2], now[:2], torch.tensor([[0, 0], [1, 1]]))
+    assert kl_adaptive_rho(drift, d_half=0.006, rho_min=0.1).tolist() == pytest.approx([0.96, 0.5], abs=1e-6)
     with pytest.raises(ValueError, match="shape"):
-        kl_adaptive_rho(before, after[:, :1], mask)
+        logprob_drift(stored, now[:, :1], mask)
+    with pytest.raises(ValueError, match="rho_min"):
+        kl_adaptive_rho(drift, rho_min=0.99, rho_max=0.9)
 
 
 # ---------------------------------------------------------------------------------------------------- prompt keys

@@ -45,7 +45,7 @@ from .tool_metrics import (
     resolve_call_token_ids,
     tool_call_metrics,
 )
-from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
+from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
 from .value_init import prepass_plan, read_init_counts
 
 STATE_FILE = "aspo_state.pt"
@@ -114,6 +114,8 @@ class ASPOTrainer(GRPOTrainer):
         self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
         self._value_event = 0
         self._pending_visit = None
+        # KL-adaptive rho: per prompt, the completion of its last visit with its post-update log-probs (CPU).
+        self._visit_store: dict[str, dict[str, torch.Tensor]] = {}
         if args.advantage_estimator == "spo++":
             self._value_tracker = EventValueTracker(rho=args.value_rho)
         elif args.advantage_estimator == "spo":
@@ -331,69 +333,133 @@ class ASPOTrainer(GRPOTrainer):
         return rewards
 
     def _observe(self, keys, outcomes, scorable, output) -> None:
+        if self.args.value_rho_mode == "kl":
+            self._pending_visit = self._snapshot_for_kl_rho(output, keys, outcomes, scorable)
+            return
         valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]
         valid_outcomes = outcomes[scorable].double().cpu()
         if isinstance(self._value_tracker, EventValueTracker):
             self._value_tracker.observe(valid_keys, valid_outcomes, [self._value_event] * len(valid_keys))
-        elif self.args.value_rho_mode == "constant":
-            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
         else:
-            self._pending_visit = self._snapshot_for_kl_rho(output, valid_keys, valid_outcomes, scorable)
+            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
         self._refresh_priorities()
 
-    @torch.no_grad()
     def _snapshot_for_kl_rho(self, output, keys, outcomes, scorable) -> dict:
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        logits_to_keep = output["completion_ids"].size(1)
-        logps_before = output.get("old_per_token_logps")
-        if logps_before is None:
-            logps_before, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, input_ids, attention_mask, logits_to_keep, batch_size=self.args.per_device_train_batch_size
+        """This round's visit, held until the updates that use it are done: the gathered keys, outcomes and scorable
+        flags, and each local completion trimmed to its own tokens (prompt without padding, completion up to its
+        last token, action mask) on CPU."""
+        completion_mask = output["completion_mask"]
+        action_mask = completion_mask * output.get("tool_mask", 1)
+        completions = []
+        for row in range(completion_mask.size(0)):
+            length = int(completion_mask[row].nonzero().max()) + 1 if completion_mask[row].any() else 0
+            completions.append(
+                {
+                    "prompt_ids": output["prompt_ids"][row][output["prompt_mask"][row].bool()].to("cpu", torch.int32),
+                    "completion_ids": output["completion_ids"][row, :length].to("cpu", torch.int32),
+                    "action_mask": action_mask[row, :length].to("cpu", torch.bool),
+                }
             )
-        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        start = self.accelerator.process_index * len(completions)
         return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "logps_before": logps_before,
-            "mask": mask,
-            "keys": keys,
-            "outcomes": outcomes,
-            "scorable": scorable,
+            "keys": list(keys),
+            "local_keys": list(keys[start : start + len(completions)]),
+            "outcomes": outcomes.double().cpu(),
+            "scorable": scorable.cpu(),
+            "completions": completions,
         }
 
     @torch.no_grad()
-    def _pending_visit_rho(self, pending: dict) -> torch.Tensor:
-        """KL-adaptive rho of a pending round's scorable outcomes, in the order of its keys (collective: gathers).
+    def _visit_logps(self, visits: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Current-policy log-probs of stored visits' completion tokens, (n, T) float32 on CPU, and their action masks.
 
-        Compares the log-probs stored at dispatch with those of the current model, i.e. after the updates that used
-        the round."""
-        logps_after, _, _ = self._get_per_token_logps_and_entropies(
+        Each row is prompt + completion from position 0, right-padded: the log-probs do not depend on which other
+        visits share the batch (left padding would shift the positions)."""
+        lengths = [len(v["prompt_ids"]) + len(v["completion_ids"]) for v in visits]
+        width = max(lengths)
+        input_ids = torch.zeros(len(visits), width, dtype=torch.long)
+        attention_mask = torch.zeros(len(visits), width, dtype=torch.long)
+        for row, visit in enumerate(visits):
+            input_ids[row, : lengths[row]] = torch.cat([visit["prompt_ids"], visit["completion_ids"]]).long()
+            attention_mask[row, : lengths[row]] = 1
+        device = self.accelerator.device
+        logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
-            pending["input_ids"],
-            pending["attention_mask"],
-            pending["logps_before"].size(1),
+            input_ids.to(device),
+            attention_mask.to(device),
+            width - 1,
             batch_size=self.args.per_device_train_batch_size,
         )
-        rho_local = kl_adaptive_rho(
-            pending["logps_before"],
-            logps_after,
-            pending["mask"],
-            d_half=self.args.value_kl_half,
-            rho_min=self.args.value_rho_min,
-            rho_max=self.args.value_rho_max,
+        # logps[:, j] is the log-prob of token j + 1.
+        completion_width = max(1, max(len(v["completion_ids"]) for v in visits))
+        out = torch.zeros(len(visits), completion_width, dtype=torch.float32)
+        mask = torch.zeros(len(visits), completion_width, dtype=torch.bool)
+        for row, visit in enumerate(visits):
+            start, length = len(visit["prompt_ids"]) - 1, len(visit["completion_ids"])
+            out[row, :length] = logps[row, start : start + length].float().cpu()
+            mask[row, :length] = visit["action_mask"]
+        return out, mask
+
+    @torch.no_grad()
+    def _pending_visit_rho(self, pending: dict, visit_store: dict) -> dict:
+        """Close a pending round against `visit_store` (collective: every rank runs one forward of the same size).
+
+        Per completion of the round: D since its prompt's previous visit (the stored completion's log-probs then and
+        now; D = 0 on a first visit), and the visit to store next (this completion with its post-update log-probs).
+        Returns gathered `drift`, `first_visit` and `visits`, in the order of the round's keys."""
+        local = pending["completions"]
+        previous = [visit_store.get(key) for key in pending["local_keys"]]
+        first_visit = torch.tensor([visit is None for visit in previous])
+        # A first visit stands in for itself (D = 0), so every rank runs one batch of 2 x its local size.
+        stored = [visit if visit is not None else own for visit, own in zip(previous, local, strict=True)]
+        logps_now, mask = self._visit_logps(stored + local)
+        stored_logps = torch.zeros_like(logps_now[: len(local)])
+        for row, visit in enumerate(stored):
+            if visit is not None and "logps" in visit:
+                stored_logps[row, : len(visit["logps"])] = visit["logps"]
+        drift = logprob_drift(stored_logps, logps_now[: len(local)], mask[: len(local)])
+        drift = torch.where(first_visit, torch.zeros_like(drift), drift)
+        visits = [
+            {**own, "logps": logps_now[len(local) + row, : len(own["completion_ids"])].clone()}
+            for row, own in enumerate(local)
+        ]
+        device = self.accelerator.device
+        return {
+            "drift": self.accelerator.gather(drift.to(device)).cpu(),
+            "first_visit": self.accelerator.gather(first_visit.to(device)).cpu(),
+            "visits": gather_object(visits),
+        }
+
+    def _close_pending_visit(self, pending: dict, tracker: VisitValueTracker, visit_store: dict) -> dict:
+        """SPO's KL-adaptive update of `tracker` and `visit_store` for a pending round (collective); returns the
+        round's scorable `drift`, `rho` and `first_visit`."""
+        closed = self._pending_visit_rho(pending, visit_store)
+        scorable = pending["scorable"]
+        drift = closed["drift"][scorable]
+        rho = kl_adaptive_rho(
+            drift, d_half=self.args.value_kl_half, rho_min=self.args.value_rho_min, rho_max=self.args.value_rho_max
         )
-        return self.accelerator.gather(rho_local)[pending["scorable"]].double().cpu()
+        keys = [key for key, ok in zip(pending["keys"], scorable.tolist(), strict=True) if ok]
+        tracker.observe(keys, pending["outcomes"][scorable], rho)
+        # A prompt seen twice in one round keeps its last completion, as the reference does.
+        for key, visit, ok in zip(pending["keys"], closed["visits"], scorable.tolist(), strict=True):
+            if ok:
+                visit_store[key] = visit
+        return {"drift": drift, "rho": rho, "first_visit": closed["first_visit"][scorable]}
 
     def _observe_pending_visit(self) -> None:
         """SPO's KL-adaptive rho: the last round's outcomes enter the tracker after the updates that used it."""
         pending, self._pending_visit = self._pending_visit, None
         if pending is None:
             return
-        rho = self._pending_visit_rho(pending)
-        self._value_tracker.observe(pending["keys"], pending["outcomes"], rho)
-        if rho.numel():
-            self._metrics["train"]["value/rho_mean"].append(rho.mean().item())
+        closed = self._close_pending_visit(pending, self._value_tracker, self._visit_store)
+        if closed["rho"].numel():
+            metrics = self._metrics["train"]
+            metrics["value/rho_mean"].append(closed["rho"].mean().item())
+            metrics["value/kl_drift"].append(closed["drift"].mean().item())
+            unclipped = torch.exp2(-closed["drift"] / self.args.value_kl_half)
+            metrics["value/rho_clip_frac"].append((unclipped != closed["rho"]).double().mean().item())
+            metrics["value/first_visit_frac"].append(closed["first_visit"].double().mean().item())
         self._refresh_priorities()
 
     def _log_tracker_metrics(self, dispatch_values: torch.Tensor) -> None:
@@ -649,7 +715,7 @@ class ASPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
-        tracker = None if self._value_tracker is None else self._checkpoint_tracker()
+        tracker, visit_store = (None, None) if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
         checkpoint = os.path.join(
@@ -658,6 +724,8 @@ class ASPOTrainer(GRPOTrainer):
         state = {"value_event": self._value_event, "aspo_kl_coef": self._aspo_kl_coef}
         if tracker is not None:
             state["tracker"] = tracker.state_dict()
+        if visit_store:
+            state["visit_store"] = visit_store
         if getattr(self, "_priority_sampler", None) is not None:
             # Weights of the checkpoint's tracker (which may have closed a pending round), so the file is consistent.
             sampler = copy.deepcopy(self._priority_sampler)
@@ -665,20 +733,19 @@ class ASPOTrainer(GRPOTrainer):
             state["sampler"] = sampler.state_dict()
         torch.save(state, os.path.join(checkpoint, STATE_FILE))
 
-    def _checkpoint_tracker(self) -> EventValueTracker | VisitValueTracker:
-        """The tracker a run resumed from this checkpoint must start from.
+    def _checkpoint_tracker(self) -> tuple[EventValueTracker | VisitValueTracker, dict]:
+        """The tracker and stored visits a run resumed from this checkpoint must start from.
 
         With KL-adaptive rho the last round's outcomes wait for the updates that use it. A resumed run starts with a
         fresh generation round, so the checkpoint closes the pending round with the current model: at a round
-        boundary this is exactly the rho the next dispatch computes (the model does not change in between). It is
-        done on a copy, so the running training is untouched."""
+        boundary this is exactly what the next dispatch computes (the model does not change in between). It is done
+        on copies (the visits dict shallowly: closing replaces entries, never mutates them), so the running training
+        is untouched."""
         if self._pending_visit is None:
-            return self._value_tracker
-        tracker = copy.deepcopy(self._value_tracker)
-        tracker.observe(
-            self._pending_visit["keys"], self._pending_visit["outcomes"], self._pending_visit_rho(self._pending_visit)
-        )
-        return tracker
+            return self._value_tracker, self._visit_store
+        tracker, visit_store = copy.deepcopy(self._value_tracker), dict(self._visit_store)
+        self._close_pending_visit(self._pending_visit, tracker, visit_store)
+        return tracker, visit_store
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -689,6 +756,7 @@ class ASPOTrainer(GRPOTrainer):
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
         self._pending_visit = None
+        self._visit_store = dict(state.get("visit_store", {}))
         if self._value_tracker is not None and "tracker" in state:
             try:
                 self._value_tracker.load_state_dict(state["tracker"])

@@ -272,6 +272,24 @@ def test_infinite_dual_clip_disables_it():
     assert torch.isfinite(loss).all() and stats["flip_weight"].tolist() == [[pytest.approx(10.0), 0.0]]
 
 
+def test_separate_dual_clip_constants_per_sign():
+    # r = 0.25 and 0.4 on positive tokens (1/r = 4 and 2.5), r = 2.5 and 4 on negative ones; C_pos = 2, C_neg = 5.
+    ratio = torch.tensor([[0.25, 0.4, 2.5, 4.0]], dtype=torch.float64)
+    lp, old = _logps_with_ratios(ratio, _gen(10))
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    loss, grad, stats = _loss_and_grad(lp, old, adv, dual_clip=3.0, dual_clip_pos=2.0, dual_clip_neg=5.0)
+    # 1/0.25 = 4 > C_pos = 2: weight 2; 1/0.4 = 2.5 > 2: weight 2; r = 2.5 and 4 < C_neg = 5: PPO weight r.
+    torch.testing.assert_close(grad, torch.tensor([[-2.0, -2.0, 2.5, 4.0]], dtype=torch.float64))
+    assert stats["dual_clip_pos"].tolist() == [[1, 1, 0, 0]] and stats["dual_clip_neg"].tolist() == [[0, 0, 0, 0]]
+    assert stats["flip_weight"].tolist() == [[2.0, 2.0, 0.0, 0.0]]
+    torch.testing.assert_close(loss[0, :2], -2.0 * lp.detach()[0, :2])
+    # Only the negative constant set: C_pos falls back to the shared C = 3 (1/0.25 = 4 > 3, 1/0.4 = 2.5 < 3).
+    _, grad, _ = _loss_and_grad(lp, old, adv, dual_clip=3.0, dual_clip_neg=3.5)
+    torch.testing.assert_close(grad, torch.tensor([[-3.0, -2.5, 2.5, 3.5]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="dual_clip_neg"):
+        asymmetric_policy_loss(lp, old, adv, dual_clip_neg=1.0)
+
+
 def test_low_precision_inputs_keep_gradient_dtype():
     lp = torch.randn(2, 8, dtype=torch.bfloat16, requires_grad=True)
     loss, _ = asymmetric_policy_loss(lp, lp.detach().float() + 0.1, torch.ones(2))

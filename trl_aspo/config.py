@@ -8,7 +8,8 @@ With every new switch at its default, the configuration means exactly what the s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
@@ -47,6 +48,20 @@ class ASPOConfig(GRPOConfig):
             "help": "Soft dual-clip constant C (> 1) of the aspo loss: a positive-advantage token whose ratio falls "
             "below 1/C, or a negative-advantage token whose ratio rises above C, keeps a constant gradient weight C "
             "instead of an unbounded one."
+        },
+    )
+    aspo_dual_clip_pos: float | None = field(
+        default=None,
+        metadata={
+            "help": "Soft dual-clip constant for positive-advantage (flipped) tokens only, as the reference's "
+            "`positive_clip_ratio_c`. None = `aspo_dual_clip`. Must be > 1."
+        },
+    )
+    aspo_dual_clip_neg: float | None = field(
+        default=None,
+        metadata={
+            "help": "Soft dual-clip constant for negative-advantage tokens only, as the reference's "
+            "`negative_clip_ratio_c`. None = `aspo_dual_clip`. Must be > 1."
         },
     )
     aspo_aggregation: str = field(
@@ -104,6 +119,32 @@ class ASPOConfig(GRPOConfig):
     aspo_adaptive_kl_entropy_target: float = field(
         default=0.3,
         metadata={"help": "Mean token entropy (nats) under which the adaptive KL coefficient applies. Must be > 0."},
+    )
+
+    # --- Recipe options of the ASPO reference (Archer2.0) ---------------------------------------------------------
+    filter_zero_variance_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "Group estimator only: drop from the loss every group whose rewards are all equal (all solved "
+            "or all failed; the reference's rejection sampling), so they no longer count in the token mean or the KL "
+            "term. Logged as `filter/zero_variance_dropped_share` (the share of completions dropped)."
+        },
+    )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Soft overlong penalty (DAPO, arXiv 2503.14476; the reference's overlong buffer): adds TRL's "
+            "`get_soft_overlong_punishment(max_completion_length, overlong_buffer_length)` as a reward function, "
+            "0 up to max_completion_length - buffer tokens, then falling linearly to -1 at max_completion_length. "
+            "None = off. Must lie in [1, max_completion_length]."
+        },
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the overlong penalty in the total reward (the reference's `penalty_factor`). Must be "
+            "> 0."
+        },
     )
 
     # --- Tool-position advantage shaping ------------------------------------------------------------------------
@@ -279,6 +320,20 @@ class ASPOConfig(GRPOConfig):
             if single_stream:
                 self.num_generations = 1
                 self.num_generations_eval = self.num_generations_eval or 1
+        self._warn_on_policy_aspo()
+
+    def _warn_on_policy_aspo(self) -> None:
+        """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
+        on_policy = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
+        if self.loss_type == "aspo" and on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
+            warnings.warn(
+                "ASPOConfig.loss_type='aspo' with num_iterations=1 and steps_per_generation == "
+                "gradient_accumulation_steps: every optimizer step is on-policy (ratio 1), where the flip changes "
+                "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
+                "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _validate_aspo_fields(self) -> None:
         def require(condition: bool, name: str, allowed: str) -> None:
@@ -290,6 +345,18 @@ class ASPOConfig(GRPOConfig):
 
         require(finite(self.aspo_dual_clip) and self.aspo_dual_clip > 1, "aspo_dual_clip", "must be a number > 1")
         require(self.aspo_aggregation in ASPO_AGGREGATIONS, "aspo_aggregation", f"must be one of {ASPO_AGGREGATIONS}")
+        for name in ("aspo_dual_clip_pos", "aspo_dual_clip_neg"):
+            value = getattr(self, name)
+            require(value is None or (finite(value) and value > 1), name, "must be None or a number > 1")
+        if self.loss_type != "aspo":
+            for aspo_field in fields(self):
+                if aspo_field.name.startswith("aspo_"):
+                    require(
+                        getattr(self, aspo_field.name) == aspo_field.default,
+                        aspo_field.name,
+                        f"it only acts with loss_type='aspo' (got loss_type={self.loss_type!r}); remove it or set "
+                        "loss_type='aspo'",
+                    )
         require(
             self.aspo_entropy_quantile is None
             or (finite(self.aspo_entropy_quantile) and 0 < self.aspo_entropy_quantile < 1),
@@ -331,6 +398,23 @@ class ASPOConfig(GRPOConfig):
                 "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
             )
 
+        require(
+            not (self.filter_zero_variance_groups and self.advantage_estimator != "group"),
+            "filter_zero_variance_groups",
+            "needs advantage_estimator='group' (a group of one completion always has zero variance)",
+        )
+        if self.overlong_buffer_length is not None:
+            require(
+                isinstance(self.overlong_buffer_length, int)
+                and 1 <= self.overlong_buffer_length <= (self.max_completion_length or 0),
+                "overlong_buffer_length",
+                f"must be None or an integer in [1, max_completion_length={self.max_completion_length}]",
+            )
+        require(
+            finite(self.overlong_penalty_factor) and self.overlong_penalty_factor > 0,
+            "overlong_penalty_factor",
+            "must be > 0",
+        )
         require(finite(self.tool_shaping_delta) and self.tool_shaping_delta != 0, "tool_shaping_delta", "must be != 0")
         require(finite(self.tool_shaping_k) and self.tool_shaping_k >= 0, "tool_shaping_k", "must be >= 0")
         require(finite(self.tool_shaping_correct_threshold), "tool_shaping_correct_threshold", "must be finite")
@@ -373,6 +457,12 @@ class ASPOConfig(GRPOConfig):
             "num_generations",
             "the group baseline needs at least 2 completions per prompt; num_generations=1 requires "
             "advantage_estimator='spo' or 'spo++'",
+        )
+        require(
+            not (self.multi_objective_aggregation == "normalize_then_sum" and self.advantage_normalization != "group"),
+            "multi_objective_aggregation",
+            f"'normalize_then_sum' is TRL's group scaling; advantage_normalization={self.advantage_normalization!r} "
+            "rescales the summed reward instead, so use 'sum_then_normalize' or advantage_normalization='group'",
         )
         require(
             not (single_stream and self.multi_objective_aggregation != "sum_then_normalize"),

@@ -18,6 +18,7 @@ import importlib
 import inspect
 import math
 import os
+import warnings
 
 import torch
 from accelerate.utils import gather_object
@@ -27,6 +28,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
+from .filters import zero_variance_groups
 from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
@@ -74,6 +76,20 @@ def _as_aspo_config(args: GRPOConfig) -> GRPOConfig:
     return args
 
 
+def _with_overlong_penalty(reward_funcs, args: GRPOConfig):
+    """Append TRL's soft overlong punishment (DAPO) as a reward function weighted by `overlong_penalty_factor`.
+
+    Works on a copy of `args`, so a config reused for a second trainer does not collect a second penalty weight."""
+    from trl.rewards import get_soft_overlong_punishment
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    penalty = get_soft_overlong_punishment(args.max_completion_length, args.overlong_buffer_length)
+    args = copy.copy(args)
+    weights = [1.0] * len(funcs) if args.reward_weights is None else list(args.reward_weights)
+    args.reward_weights = [*weights, args.overlong_penalty_factor]
+    return [*funcs, penalty], args
+
+
 def _import_callable(dotted_path: str, field_name: str):
     module_name, _, attribute = dotted_path.rpartition(".")
     try:
@@ -104,7 +120,24 @@ class ASPOTrainer(GRPOTrainer):
             model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
             args = ASPOConfig(f"{model_name.split('/')[-1]}-ASPO")
         args = _as_aspo_config(args)
+        if args.overlong_buffer_length is not None:
+            reward_funcs, args = _with_overlong_penalty(reward_funcs, args)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if (
+            args.tool_shaping
+            and not self.tools
+            and self.environment_factories is None
+            and self.rollout_func is None
+            and args.tool_call_pattern is None
+        ):
+            warnings.warn(
+                "ASPOConfig.tool_shaping=True, but the trainer has no tools=, environment_factory= or rollout_func "
+                "and ASPOConfig.tool_call_pattern is None: shaping only acts on completions whose text contains "
+                f"tool_call_opener={args.tool_call_opener!r}, which nothing executes. Pass tools= or set "
+                "tool_call_pattern.",
+                UserWarning,
+                stacklevel=2,
+            )
 
         if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
             raise ValueError(
@@ -219,6 +252,8 @@ class ASPOTrainer(GRPOTrainer):
         else:
             grouped = rewards.view(-1, self.num_generations)
             centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+            if self.args.filter_zero_variance_groups:
+                self._drop_zero_variance_groups(rewards, output, inputs)
         centered = torch.where(scorable, centered, torch.zeros_like(centered))
 
         rewrite = self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping
@@ -250,6 +285,16 @@ class ASPOTrainer(GRPOTrainer):
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
         self._value_event += 1
         return output
+
+    def _drop_zero_variance_groups(self, rewards, output, inputs) -> None:
+        """Take groups whose rewards are all equal out of the loss: their tokens leave the completion mask and the
+        token count TRL normalizes by (the reference rejects them from the batch)."""
+        dropped = zero_variance_groups(rewards, self.num_generations)
+        keep = (~self._local_slice(dropped, inputs)).unsqueeze(1).to(output["completion_mask"].dtype)
+        output["completion_mask"] = output["completion_mask"] * keep
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._metrics["train"]["filter/zero_variance_dropped_share"].append(dropped.float().mean().item())
 
     def _local_slice(self, gathered: torch.Tensor, inputs) -> torch.Tensor:
         start = self.accelerator.process_index * len(inputs)
@@ -634,6 +679,8 @@ class ASPOTrainer(GRPOTrainer):
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
             dual_clip=args.aspo_dual_clip,
+            dual_clip_pos=args.aspo_dual_clip_pos,
+            dual_clip_neg=args.aspo_dual_clip_neg,
             high_entropy_mask=high_entropy,
             epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
             epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,

@@ -1,0 +1,133 @@
+"""Issue 11: the reference recipe's options and the honesty checks, exercised through real TRL training on the tiny
+model (a few steps each). Expected numbers are recomputed by hand from what the trainer was given."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from dense_reward import digit_share_reward
+
+from trl_aspo import ASPOTrainer
+from trl_aspo.builtin import build_random_model
+
+
+def first_char_is_digit(completions, **kwargs) -> list[float]:
+    """1 if the completion starts with a digit: coarse, so many groups of 4 have all-equal rewards."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [float(text[:1].isdigit()) for text in texts]
+
+
+def record_rounds(trainer: ASPOTrainer) -> list[dict]:
+    """Per generation round: TRL's gathered rewards per function and the trainer's output batch."""
+    rounds: list[dict] = []
+    calculate_rewards = trainer._calculate_rewards
+    generate_and_score = trainer._generate_and_score_completions
+
+    def recording_calculate_rewards(inputs, prompts, completions, completion_ids_list):
+        rewards = calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rounds.append({"rewards": rewards.clone(), "lengths": [len(ids) for ids in completion_ids_list]})
+        return rewards
+
+    def recording_generate_and_score(inputs):
+        output = generate_and_score(inputs)
+        rounds[-1]["output"] = output
+        return output
+
+    trainer._calculate_rewards = recording_calculate_rewards
+    trainer._generate_and_score_completions = recording_generate_and_score
+    return rounds
+
+
+def make(tiny_tokenizer, dataset, config, reward_funcs=(digit_share_reward,), **kwargs) -> ASPOTrainer:
+    return ASPOTrainer(
+        model=build_random_model(tiny_tokenizer, seed=0),
+        reward_funcs=list(reward_funcs),
+        args=config,
+        train_dataset=dataset,
+        processing_class=tiny_tokenizer,
+        **kwargs,
+    )
+
+
+@pytest.mark.slow
+def test_zero_variance_filter_and_overlong_penalty(tiny_tokenizer, calculator_dataset, tiny_config):
+    """Item 5: TRL's soft overlong punishment as a YAML-configurable reward, and groups with all-equal rewards
+    dropped from the loss (their tokens leave the mask and the token count), logged as the share dropped."""
+    config = tiny_config(
+        max_completion_length=16,
+        overlong_buffer_length=8,
+        overlong_penalty_factor=0.5,
+        filter_zero_variance_groups=True,
+        max_steps=3,
+    )
+    trainer = make(tiny_tokenizer, calculator_dataset, config, reward_funcs=(first_char_is_digit,))
+    assert trainer.reward_func_names == ["first_char_is_digit", "soft_overlong_punishment_reward"]
+    assert trainer.reward_weights.tolist() == [1.0, 0.5]
+    assert config.reward_weights is None  # the user's config is not mutated
+    rounds = record_rounds(trainer)
+    trainer.train()
+
+    steps = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rounds) == len(steps) == 3
+    dropped_any = kept_any = False
+    for record, step in zip(rounds, steps, strict=True):
+        # DAPO's penalty by hand: 0 up to 16 - 8 = 8 tokens, then (8 - L) / 8, -1 beyond 16.
+        lengths = torch.tensor(record["lengths"], dtype=torch.float32)
+        penalty = torch.where(lengths <= 8, torch.zeros_like(lengths), (8 - lengths) / 8).clamp(min=-1.0)
+        torch.testing.assert_close(record["rewards"][:, 1], penalty)
+        total = record["rewards"][:, 0] + 0.5 * penalty
+        grouped = total.view(-1, 4)
+        equal = (grouped.max(dim=1).values == grouped.min(dim=1).values).repeat_interleave(4)
+        assert step["filter/zero_variance_dropped_share"] == pytest.approx(equal.float().mean().item())
+        output = record["output"]
+        assert (output["completion_mask"][equal] == 0).all()
+        kept_mask = output["completion_mask"][~equal]
+        assert (kept_mask.sum(dim=1) > 0).all()
+        assert output["num_items_in_batch"].item() == kept_mask.sum().item()
+        dropped_any |= bool(equal.any())
+        kept_any |= bool((~equal).any())
+    assert dropped_any and kept_any, "the run must exercise both dropped and kept groups"
+
+
+def test_zero_variance_groups_hand_numbers():
+    from trl_aspo.filters import zero_variance_groups
+
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.5, 0.5, float("nan"), 0.5, float("nan"), float("nan")])
+    # groups of 2: [1, 1] equal, [0, 0] equal, [0.5, 0.5] equal, [nan, 0.5] (one scorable) equal, [nan, nan] equal
+    assert zero_variance_groups(rewards, 2).tolist() == [True] * 10
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.2, 0.3])
+    assert zero_variance_groups(rewards, 2).tolist() == [False, False, True, True, False, False]
+    assert zero_variance_groups(rewards, 3).tolist() == [False] * 6
+    with pytest.raises(ValueError, match="group_size"):
+        zero_variance_groups(rewards, 4)
+
+
+def test_tool_shaping_without_tools_or_pattern_warns(tiny_tokenizer, tiny_model, calculator_dataset, tiny_config):
+    """Item 9: only the trainer sees `tools=`: shaping with neither tools nor a pattern is named in a warning."""
+    from trl_aspo.builtin.task import calculator
+
+    with pytest.warns(UserWarning, match="ASPOConfig.tool_shaping=True.*tool_call_pattern"):
+        ASPOTrainer(
+            tiny_model,
+            [digit_share_reward],
+            tiny_config(tool_shaping=True),
+            train_dataset=calculator_dataset,
+            processing_class=tiny_tokenizer,
+        )
+    for config, tools in (
+        (tiny_config(tool_shaping=True), [calculator]),
+        (tiny_config(tool_shaping=True, tool_call_pattern="```"), None),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ASPOTrainer(
+                build_random_model(tiny_tokenizer, seed=0),
+                [digit_share_reward],
+                config,
+                train_dataset=calculator_dataset,
+                processing_class=tiny_tokenizer,
+                tools=tools,
+            )
+        assert not [w for w in caught if "tool_shaping" in str(w.message)]

@@ -131,3 +131,104 @@ def test_tool_shaping_without_tools_or_pattern_warns(tiny_tokenizer, tiny_model,
                 tools=tools,
             )
         assert not [w for w in caught if "tool_shaping" in str(w.message)]
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call><|im_end|>'
+
+
+def test_interactive_turns_ignore_whitespace_in_training_as_in_evaluation(
+    tiny_tokenizer, tiny_model, calculator_dataset, tiny_config
+):
+    """Item 7: text before a call that is only whitespace does not make the turn interactive, in the trainer's
+    tool statistics exactly as in evaluation's per-turn rule (the parsed turn's content)."""
+    from trl.chat_template_utils import parse_response
+
+    from trl_aspo.builtin.task import calculator
+    from trl_aspo.tool_metrics import is_model_text
+
+    trainer = ASPOTrainer(
+        tiny_model,
+        [digit_share_reward],
+        tiny_config(),
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+        tools=[calculator],
+    )
+    turns = ["\n  " + CALL, "Let me compute.\n" + CALL, CALL, "\n\n" + CALL]
+    rows = [tiny_tokenizer.encode(text, add_special_tokens=False) for text in turns]
+    width = max(map(len, rows))
+    completion_ids = torch.zeros(len(rows), width, dtype=torch.long)
+    completion_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for index, ids in enumerate(rows):
+        completion_ids[index, : len(ids)] = torch.tensor(ids)
+        completion_mask[index, : len(ids)] = 1
+    output = {
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "tool_mask": torch.ones_like(completion_mask),
+    }
+    training_turns = trainer._tool_statistics(output)[:, 3].tolist()
+
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 12 * 34?"}],
+        tools=[calculator],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    evaluation_turns = []
+    for ids in rows:
+        message = parse_response(tiny_tokenizer, ids, prefix=prompt, tools=[calculator])
+        assert message.get("tool_calls")
+        evaluation_turns.append(int(is_model_text(message.get("content") or "")))
+    assert training_turns == evaluation_turns == [0, 1, 0, 0]
+
+
+def test_correct_means_reward_at_least_threshold_in_shaping_and_evaluation(
+    tiny_tokenizer, tiny_model, calculator_dataset, tiny_config
+):
+    """Item 8: a reward equal to the threshold is correct for tool shaping as for `trl-aspo evaluate`."""
+    from trl_aspo.builtin.task import calculator, make_dataset
+    from trl_aspo.evaluation import evaluate_tool_use
+    from trl_aspo.shaping import is_correct, tool_position_bias
+
+    assert is_correct(torch.tensor([0.4, 0.5, 0.6, float("nan")]), 0.5).tolist() == [False, True, True, False]
+
+    trainer = ASPOTrainer(
+        tiny_model,
+        [digit_share_reward],
+        tiny_config(tool_shaping=True, tool_shaping_correct_threshold=0.5),
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+        tools=[calculator],
+    )
+    advantages = torch.tensor([1.0, 1.0, 1.0, -0.5])
+    rewards = torch.tensor([0.5, 0.5, 0.75, 0.25])  # the first two sit exactly on the threshold
+    positions = torch.tensor([0, 4, 8, 2])
+    tool_stats = torch.stack(
+        [positions, torch.full((4,), 10), torch.ones(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)], dim=1
+    )
+    trainer.num_generations = 4
+    shaped = trainer._shape(advantages, rewards.unsqueeze(1), rewards, tool_stats, {})
+    eligible = torch.tensor([True, True, True, False])
+    expected = advantages + tool_position_bias(
+        advantages, positions, torch.full((4,), 10), eligible, torch.zeros(4, dtype=torch.long)
+    )
+    torch.testing.assert_close(shaped, expected)
+    # By hand: mean position of the eligible 0, 4, 8 is 4, mean length 10: b = -2 (p - 4) / 10 = 0.8, 0, -0.8,
+    # clipped to +-0.7 |A| = 0.7.
+    torch.testing.assert_close(shaped, torch.tensor([1.7, 1.0, 0.3, -0.5]))
+
+    def half_reward(completions, **kwargs):
+        return [0.5] * len(completions)
+
+    result = evaluate_tool_use(
+        trainer.model,
+        tiny_tokenizer,
+        make_dataset("test", 2, seed=0),
+        half_reward,
+        [calculator],
+        max_completion_length=4,
+        success_threshold=0.5,
+    )
+    assert result["accuracy"] == 1.0

@@ -173,8 +173,9 @@ class ASPOConfig(GRPOConfig):
     tool_shaping_correct_threshold: float = field(
         default=0.5,
         metadata={
-            "help": "A completion counts as correct when its reward is above this value: the weighted total reward, "
-            "or the reward of `tool_shaping_correct_reward` if that is set."
+            "help": "A completion counts as correct when its reward is at least this value (reward >= threshold, the "
+            "same comparison as `trl-aspo evaluate --success_threshold`): the weighted total reward, or the reward "
+            "of `tool_shaping_correct_reward` if that is set."
         },
     )
     tool_shaping_correct_reward: str | None = field(

@@ -40,11 +40,12 @@ from .losses import (
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_key, prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
-from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
+from .shaping import CallablePenalty, InteractiveTurnBonus, is_correct, shaping_stats, tool_position_bias
 from .tool_metrics import (
     first_tool_call_positions,
     regex_tool_call_positions,
     resolve_call_token_ids,
+    resolve_whitespace_token_ids,
     tool_call_metrics,
 )
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
@@ -159,6 +160,8 @@ class ASPOTrainer(GRPOTrainer):
             self._init_values_from_file(args.value_init_file)
 
         self._call_token_ids = resolve_call_token_ids(self.processing_class, args.tool_call_opener)
+        # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
+        self._whitespace_token_ids: set[int] | None = None
         self._shaping_hooks = []
         if args.tool_shaping_interactive_bonus > 0:
             self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
@@ -323,8 +326,14 @@ class ASPOTrainer(GRPOTrainer):
                 completion_mask=output["completion_mask"],
             )
         else:
+            if self._whitespace_token_ids is None:
+                self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
             stats = first_tool_call_positions(
-                output["completion_ids"], output.get("tool_mask"), output["completion_mask"], self._call_token_ids
+                output["completion_ids"],
+                output.get("tool_mask"),
+                output["completion_mask"],
+                self._call_token_ids,
+                self._whitespace_token_ids,
             )
         gathered = self.accelerator.gather(torch.stack(stats, dim=1).to(self.accelerator.device))
         if self.tools or self.args.tool_call_pattern is not None or self.args.tool_shaping:
@@ -339,7 +348,7 @@ class ASPOTrainer(GRPOTrainer):
         else:
             score = rewards_per_func[:, self.reward_func_names.index(args.tool_shaping_correct_reward)]
         positions, lengths, calls, turns = tool_stats.unbind(dim=1)
-        eligible = (torch.nan_to_num(score, nan=-torch.inf) > args.tool_shaping_correct_threshold) & (positions >= 0)
+        eligible = is_correct(score, args.tool_shaping_correct_threshold).to(positions.device) & (positions >= 0)
         if self.num_generations > 1:
             groups = torch.arange(len(advantages), device=advantages.device) // self.num_generations
         else:

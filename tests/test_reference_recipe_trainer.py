@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy
 import pytest
 import torch
 from dense_reward import digit_share_reward
@@ -86,6 +87,10 @@ def test_zero_variance_filter_and_overlong_penalty(tiny_tokenizer, calculator_da
         kept_mask = output["completion_mask"][~equal]
         assert (kept_mask.sum(dim=1) > 0).all()
         assert output["num_items_in_batch"].item() == kept_mask.sum().item()
+        # Item 10: quantiles of the normalized advantages (numpy's linear interpolation, independently).
+        quantiles = numpy.quantile(output["advantages"].double().numpy(), [0.1, 0.3, 0.5, 0.7, 0.9])
+        for level, value in zip((10, 30, 50, 70, 90), quantiles, strict=True):
+            assert step[f"advantage/p{level}"] == pytest.approx(value, abs=1e-6)
         dropped_any |= bool(equal.any())
         kept_any |= bool((~equal).any())
     assert dropped_any and kept_any, "the run must exercise both dropped and kept groups"
@@ -232,3 +237,23 @@ def test_correct_means_reward_at_least_threshold_in_shaping_and_evaluation(
         success_threshold=0.5,
     )
     assert result["accuracy"] == 1.0
+
+
+@pytest.mark.slow
+def test_value_evidence_visits_and_advantage_quantiles(tiny_tokenizer, calculator_dataset, tiny_config):
+    """Item 10: `value/alpha_plus_beta` (effective evidence of the dispatched prompts), `value/visits_per_prompt`
+    and `advantage/p10`..`p90` after normalization, by hand for SPO++ with every prompt drawn every round."""
+    config = tiny_config(advantage_estimator="spo++", num_generations=1, max_steps=3, max_completion_length=12)
+    trainer = make(tiny_tokenizer, calculator_dataset.select(range(8)), config)
+    rounds = record_rounds(trainer)
+    trainer.train()
+    steps = [row for row in trainer.state.log_history if "loss" in row]
+    # Prior (0.5, 0.5) entered at the first dispatch, one outcome per round: alpha + beta = 1, then
+    # 0.875 * (1 + 1) = 1.75, then 0.875 * (1.75 + 1) = 2.40625.
+    assert [step["value/alpha_plus_beta"] for step in steps] == pytest.approx([1.0, 1.75, 2.40625], abs=1e-6)
+    assert [step["value/visits_per_prompt"] for step in steps] == [0.0, 1.0, 2.0]
+    for record, step in zip(rounds, steps, strict=True):
+        quantiles = numpy.quantile(record["output"]["advantages"].double().numpy(), [0.1, 0.3, 0.5, 0.7, 0.9])
+        for level, value in zip((10, 30, 50, 70, 90), quantiles, strict=True):
+            assert step[f"advantage/p{level}"] == pytest.approx(value, abs=1e-6)
+    assert trainer._value_tracker.visits(sorted(trainer._value_tracker.state_dict()["state"])).tolist() == [3] * 8

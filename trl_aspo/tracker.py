@@ -156,11 +156,17 @@ class EventValueTracker:
         self._state: dict[str, list[float]] = {}
         # key -> [[z, R], ...] outcomes with z greater than the key's reference event
         self._pending: dict[str, list[list[float]]] = {}
+        # key -> number of outcomes observed (visits)
+        self._visits: dict[str, int] = {}
 
     @property
     def num_tracked(self) -> int:
         """Number of keys with stored state (an initialized prior or at least one observation)."""
         return len(self._state)
+
+    def visits(self, keys: Sequence[str]) -> torch.Tensor:
+        """Number of outcomes observed per key (its visits; an initialized prior is not a visit), int64 (B,)."""
+        return torch.tensor([self._visits.get(key, 0) for key in keys], dtype=torch.long)
 
     def _entry(self, key: str, event: int) -> list[float]:
         entry = self._state.get(key)
@@ -259,6 +265,7 @@ class EventValueTracker:
         for key, event in entering.items():
             self._entry(key, event)
         for key, r, z in zip(keys, values, events, strict=True):
+            self._visits[key] = self._visits.get(key, 0) + 1
             entry = self._state[key]
             if z <= entry[2]:
                 w = self.rho ** (entry[2] - z)
@@ -292,6 +299,7 @@ class EventValueTracker:
             "rho": self.rho,
             "state": {k: [v[0], v[1], int(v[2])] for k, v in self._state.items()},
             "pending": {k: [[int(z), r] for z, r in p] for k, p in self._pending.items()},
+            "visits": dict(self._visits),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -301,6 +309,7 @@ class EventValueTracker:
         self.rho = _validate_rho(state_dict["rho"])
         self._state = {k: [float(a), float(b), int(e)] for k, (a, b, e) in state_dict["state"].items()}
         self._pending = {k: [[int(z), float(r)] for z, r in p] for k, p in state_dict["pending"].items()}
+        self._visits = {k: int(n) for k, n in state_dict.get("visits", {}).items()}
 
 
 class VisitValueTracker:
@@ -314,11 +323,17 @@ class VisitValueTracker:
     def __init__(self) -> None:
         # key -> [alpha, beta]
         self._state: dict[str, list[float]] = {}
+        # key -> number of outcomes observed (visits)
+        self._visits: dict[str, int] = {}
 
     @property
     def num_tracked(self) -> int:
         """Number of keys with stored state (an initialized prior or at least one observation)."""
         return len(self._state)
+
+    def visits(self, keys: Sequence[str]) -> torch.Tensor:
+        """Number of outcomes observed per key (its visits; an initialized prior is not a visit), int64 (B,)."""
+        return torch.tensor([self._visits.get(key, 0) for key in keys], dtype=torch.long)
 
     def pseudo_counts(self, keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(alpha, beta)`` (float64, shape (B,))."""
@@ -338,6 +353,7 @@ class VisitValueTracker:
         values = _validate_rewards(keys, rewards)
         rhos = [_validate_rho(x) for x in _as_float_list(rho, len(keys), "rho")]
         for key, r, decay in zip(keys, values, rhos, strict=True):
+            self._visits[key] = self._visits.get(key, 0) + 1
             entry = self._state.setdefault(key, [PRIOR_ALPHA, PRIOR_BETA])
             entry[0] = decay * entry[0] + r
             entry[1] = decay * entry[1] + (1.0 - r)
@@ -351,13 +367,18 @@ class VisitValueTracker:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (str keys, floats, lists): storable with ``torch.save`` or ``json``."""
-        return {"type": "VisitValueTracker", "state": {k: list(v) for k, v in self._state.items()}}
+        return {
+            "type": "VisitValueTracker",
+            "state": {k: list(v) for k, v in self._state.items()},
+            "visits": dict(self._visits),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state produced by :meth:`state_dict` exactly (replacing the current state)."""
         if state_dict.get("type") != "VisitValueTracker":
             raise ValueError(f"not a VisitValueTracker state (type={state_dict.get('type')!r}).")
         self._state = {k: [float(a), float(b)] for k, (a, b) in state_dict["state"].items()}
+        self._visits = {k: int(n) for k, n in state_dict.get("visits", {}).items()}
 
 
 def logprob_drift(logps_stored: torch.Tensor, logps_now: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

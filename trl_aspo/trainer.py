@@ -251,7 +251,7 @@ class ASPOTrainer(GRPOTrainer):
         if self._single_stream:
             outcomes = self._rewards_for_tracker(rewards)
             centered = outcomes - dispatch_values.to(device)
-            self._log_tracker_metrics(dispatch_values)
+            self._log_tracker_metrics(keys, dispatch_values)
         else:
             grouped = rewards.view(-1, self.num_generations)
             centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
@@ -273,6 +273,8 @@ class ASPOTrainer(GRPOTrainer):
             output["advantages"] = self._local_slice(advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
             self._logs["advantages"].extend(advantages.tolist())
+        normalized = unsignaled if rewrite else self.accelerator.gather(output["advantages"])
+        self._log_advantage_quantiles(normalized, scorable)
         self._metrics[mode]["zero_advantage_share"].append(
             torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
         )
@@ -298,6 +300,16 @@ class ASPOTrainer(GRPOTrainer):
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._metrics["train"]["filter/zero_variance_dropped_share"].append(dropped.float().mean().item())
+
+    def _log_advantage_quantiles(self, advantages: torch.Tensor, scorable: torch.Tensor) -> None:
+        """Quantiles p10, p30, p50, p70, p90 of the scorable completions' advantages after normalization, before tool
+        shaping (the reference's `spo/adv_after_norm/p*`)."""
+        scored = advantages[scorable.to(advantages.device)].double()
+        if not scored.numel():
+            return
+        levels = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=torch.float64, device=scored.device)
+        for level, value in zip((10, 30, 50, 70, 90), torch.quantile(scored, levels).tolist(), strict=True):
+            self._metrics["train"][f"advantage/p{level}"].append(value)
 
     def _local_slice(self, gathered: torch.Tensor, inputs) -> torch.Tensor:
         start = self.accelerator.process_index * len(inputs)
@@ -516,9 +528,17 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/first_visit_frac"].append(closed["first_visit"].double().mean().item())
         self._refresh_priorities()
 
-    def _log_tracker_metrics(self, dispatch_values: torch.Tensor) -> None:
+    def _log_tracker_metrics(self, keys: list[str], dispatch_values: torch.Tensor) -> None:
+        """Per round: the dispatched prompts' mean value, effective evidence alpha + beta (the reference's
+        `spo/Neff`) and visits so far, and the tracker's size."""
         metrics = self._metrics["train"]
         metrics["value/mean"].append(dispatch_values.mean().item())
+        if isinstance(self._value_tracker, EventValueTracker):
+            alpha, beta = self._value_tracker.pseudo_counts(keys, self._value_event)
+        else:
+            alpha, beta = self._value_tracker.pseudo_counts(keys)
+        metrics["value/alpha_plus_beta"].append((alpha + beta).mean().item())
+        metrics["value/visits_per_prompt"].append(self._value_tracker.visits(keys).double().mean().item())
         metrics["value/tracked_prompts"].append(float(self._value_tracker.num_tracked))
         if self.args.value_rho_mode == "constant":
             metrics["value/rho_mean"].append(self.args.value_rho)

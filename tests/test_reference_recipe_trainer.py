@@ -257,3 +257,22 @@ def test_value_evidence_visits_and_advantage_quantiles(tiny_tokenizer, calculato
         for level, value in zip((10, 30, 50, 70, 90), quantiles, strict=True):
             assert step[f"advantage/p{level}"] == pytest.approx(value, abs=1e-6)
     assert trainer._value_tracker.visits(sorted(trainer._value_tracker.state_dict()["state"])).tolist() == [3] * 8
+
+
+@pytest.mark.slow
+def test_model_card_cites_the_methods_used(tiny_tokenizer, calculator_dataset, tiny_config, tmp_path):
+    """Item 11: after a short run, TRL's model card names the first method and cites every one used, and GRPO."""
+    config = tiny_config(
+        loss_type="aspo", num_iterations=2, advantage_estimator="spo++", num_generations=1, max_steps=1
+    )
+    trainer = make(tiny_tokenizer, calculator_dataset.select(range(8)), config)
+    trainer.train()
+    trainer.create_model_card()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "https://huggingface.co/papers/2510.06062" in card  # the named paper: ASPO, the first method
+    for arxiv_id in ("2510.06062", "2608.24870", "2509.13232", "2402.03300"):
+        assert f"eprint       = {{arXiv:{arxiv_id}}}" in card
+    assert "2508.19201" not in card  # tool shaping is off
+
+    plain = make(tiny_tokenizer, calculator_dataset, tiny_config(output_dir=str(tmp_path / "plain")))
+    assert plain._paper["id"] == "2402.03300"  # every switch off: GRPO's card

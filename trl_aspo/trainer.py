@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 
+from .citations import model_card_paper
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
 from .filters import zero_variance_groups
 from .losses import (
@@ -179,6 +180,10 @@ class ASPOTrainer(GRPOTrainer):
             )
         self._aspo_kl_coef = self.beta
         self._aspo_entropy_window = None
+        paper = model_card_paper(args, GRPOTrainer._paper)
+        if paper is not None:
+            # TRL's model card reads `_paper`: cite the methods this run uses, not only GRPO.
+            self._paper = paper
 
     # ---------------------------------------------------------------- sampling
     def _get_train_sampler(self, dataset=None):

@@ -276,3 +276,87 @@ def test_model_card_cites_the_methods_used(tiny_tokenizer, calculator_dataset, t
 
     plain = make(tiny_tokenizer, calculator_dataset, tiny_config(output_dir=str(tmp_path / "plain")))
     assert plain._paper["id"] == "2402.03300"  # every switch off: GRPO's card
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["spo++", "spo"])
+def test_values_export_round_trips_as_value_init_file(
+    tiny_tokenizer, calculator_dataset, tiny_config, tmp_path, estimator
+):
+    """Item 12: `trl-aspo values CHECKPOINT --output values.jsonl` exports each prompt's value, alpha, beta, evidence
+    and visits; a new run given the file as `value_init_file` starts every prompt at exactly those pseudo-counts."""
+    import json
+
+    from trl_aspo.cli import main as cli_main
+
+    dataset = calculator_dataset.select(range(8))
+    config = tiny_config(
+        advantage_estimator=estimator,
+        num_generations=1,
+        max_steps=2,
+        max_completion_length=12,
+        save_strategy="steps",
+        save_steps=2,
+        output_dir=str(tmp_path / "run"),
+    )
+    trainer = make(tiny_tokenizer, dataset, config)
+    trainer.train()
+    output = tmp_path / "values.jsonl"
+    assert cli_main(["values", str(tmp_path / "run" / "checkpoint-2"), "--output", str(output)]) == 0
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+
+    tracker = trainer._value_tracker
+    keys = sorted(tracker.state_dict()["state"])
+    assert [record["prompt_id"] for record in records] == keys and len(keys) == 8
+    alphas, betas = tracker.pseudo_counts(keys, 2) if estimator == "spo++" else tracker.pseudo_counts(keys)
+    for record, alpha, beta in zip(records, alphas.tolist(), betas.tolist(), strict=True):
+        assert (record["alpha"], record["beta"]) == pytest.approx((alpha, beta), abs=1e-12)
+        assert record["evidence"] == pytest.approx(alpha + beta, abs=1e-12)
+        assert record["value"] == pytest.approx(alpha / (alpha + beta), abs=1e-12)
+        assert record["visits"] == 2  # every prompt drawn in both rounds
+    if estimator == "spo++":
+        # By hand: prior (0.5, 0.5) entered at event 0, outcomes at events 0 and 1, aged to event 2.
+        assert records[0]["evidence"] == pytest.approx(0.875**2 + 0.875**2 + 0.875, abs=1e-12)
+
+    restarted = make(
+        tiny_tokenizer,
+        dataset,
+        tiny_config(advantage_estimator=estimator, num_generations=1, value_init_file=str(output)),
+    )
+    fresh = restarted._value_tracker
+    counts = fresh.pseudo_counts(keys, 0) if estimator == "spo++" else fresh.pseudo_counts(keys)
+    assert counts[0].tolist() == [record["alpha"] for record in records]
+    assert counts[1].tolist() == [record["beta"] for record in records]
+
+
+def test_values_export_refuses_a_group_checkpoint_and_a_missing_one(tmp_path):
+    from trl_aspo.values_cli import load_value_state, value_records
+
+    with pytest.raises(ValueError, match="no value tracker"):
+        value_records({"value_event": 3, "aspo_kl_coef": 0.0})
+    with pytest.raises(ValueError, match="not a checkpoint saved by ASPOTrainer"):
+        load_value_state(str(tmp_path))
+
+
+def test_value_init_jsonl_with_pseudo_counts(tmp_path):
+    import json
+
+    from trl_aspo.value_init import read_init_records
+
+    path = tmp_path / "init.jsonl"
+    lines = [
+        {"prompt_id": "a", "alpha": 2.5, "beta": 0.5, "value": 0.83},
+        {"prompt": "What is 1 + 1?", "successes": 1, "trials": 2},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    records = read_init_records(str(path), None)
+    assert (records.pseudo_keys, records.alphas, records.betas) == (["a"], [2.5], [0.5])
+    assert (records.successes, records.trials) == ([1.0], [2.0]) and len(records.count_keys) == 1
+    path.write_text(json.dumps({"prompt_id": "a", "alpha": "2", "beta": 1}))
+    with pytest.raises(ValueError, match="needs numeric 'alpha' and 'beta'"):
+        read_init_records(str(path), None)
+    from trl_aspo.tracker import EventValueTracker, VisitValueTracker
+
+    for tracker in (EventValueTracker(), VisitValueTracker()):
+        with pytest.raises(ValueError, match="'a'.*finite, >= 0 and not both 0"):
+            tracker.set_pseudo_counts(["a"], [0.0], [0.0])

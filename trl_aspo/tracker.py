@@ -102,6 +102,18 @@ def _jeffreys_prior(
     return counts
 
 
+def _validate_pseudo_counts(keys: Sequence[str], alphas: Numbers, betas: Numbers) -> tuple[list[float], list[float]]:
+    alpha_list = _as_float_list(alphas, len(keys), "alphas")
+    beta_list = _as_float_list(betas, len(keys), "betas")
+    for key, alpha, beta in zip(keys, alpha_list, beta_list, strict=True):
+        if not (math.isfinite(alpha) and math.isfinite(beta) and alpha >= 0 and beta >= 0 and alpha + beta > 0):
+            raise ValueError(
+                f"pseudo-counts alpha={alpha!r}, beta={beta!r} for prompt key {key!r} must be finite, >= 0 and not "
+                "both 0."
+            )
+    return alpha_list, beta_list
+
+
 def default_prior_strength(rho: float) -> float:
     """Default prior pseudo-count ``N0 = 1 / (1 - rho)`` (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870).
 
@@ -292,6 +304,14 @@ class EventValueTracker:
             self._state[key] = [alpha, beta, event]
             self._pending.pop(key, None)
 
+    def set_pseudo_counts(self, keys: Sequence[str], alphas: Numbers, betas: Numbers, event: int = 0) -> None:
+        """Start each key at exactly Beta(alpha, beta) anchored at ``event`` (e.g. counts exported from a checkpoint
+        by ``trl-aspo values``); replaces any state held for those keys."""
+        event = self._check_event(event)
+        for key, alpha, beta in zip(keys, *_validate_pseudo_counts(keys, alphas, betas), strict=True):
+            self._state[key] = [alpha, beta, event]
+            self._pending.pop(key, None)
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (str keys, floats, ints, lists): storable with ``torch.save`` or ``json``."""
         return {
@@ -363,6 +383,12 @@ class VisitValueTracker:
     ) -> None:
         """Set each key's prior from ``s`` successes in ``n0`` samples (Jeffreys-smoothed); replaces existing state."""
         for key, (alpha, beta) in zip(keys, _jeffreys_prior(keys, successes, trials, prior_strength), strict=True):
+            self._state[key] = [alpha, beta]
+
+    def set_pseudo_counts(self, keys: Sequence[str], alphas: Numbers, betas: Numbers) -> None:
+        """Start each key at exactly Beta(alpha, beta) (e.g. counts exported from a checkpoint by ``trl-aspo
+        values``); replaces any state held for those keys."""
+        for key, alpha, beta in zip(keys, *_validate_pseudo_counts(keys, alphas, betas), strict=True):
             self._state[key] = [alpha, beta]
 
     def state_dict(self) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from .tool_metrics import (
     tool_call_metrics,
 )
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
-from .value_init import prepass_plan, read_init_counts
+from .value_init import prepass_plan, read_init_records
 
 STATE_FILE = "aspo_state.pt"
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
@@ -551,11 +551,17 @@ class ASPOTrainer(GRPOTrainer):
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
     def _init_values_from_file(self, path: str) -> None:
-        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column)
+        records = read_init_records(path, self.args.prompt_id_column)
         try:
-            self._value_tracker.init_from_counts(
-                keys, successes, trials, prior_strength=self.args.value_prior_strength
-            )
+            if records.count_keys:
+                self._value_tracker.init_from_counts(
+                    records.count_keys,
+                    records.successes,
+                    records.trials,
+                    prior_strength=self.args.value_prior_strength,
+                )
+            if records.pseudo_keys:
+                self._value_tracker.set_pseudo_counts(records.pseudo_keys, records.alphas, records.betas)
         except ValueError as error:
             raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
 

@@ -243,9 +243,11 @@ class ASPOConfig(GRPOConfig):
     value_rho_mode: str = field(
         default="constant",
         metadata={
-            "help": "spo only: 'constant' uses `value_rho` and costs nothing; 'kl' sets rho per completion from "
-            "the policy change across the update that used it, rho = clip(2^(-D / value_kl_half), value_rho_min, "
-            "value_rho_max), which costs one extra log-prob pass of the completions after the update.",
+            "help": "spo only: 'constant' uses `value_rho` and costs nothing; 'kl' sets rho per visit from the policy "
+            "drift D since the prompt's previous visit (its stored completion's log-probs then and now; D = 0 on a "
+            "first visit), rho = clip(2^(-D / value_kl_half), value_rho_min, value_rho_max), as the SPO reference. "
+            "Costs one extra log-prob pass per round and, per visited prompt, its last completion and log-probs in "
+            "CPU memory and checkpoints.",
             "choices": list(VALUE_RHO_MODES),
         },
     )
@@ -277,7 +279,9 @@ class ASPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "JSON file of initial counts: a list of {'prompt_id' or 'prompt': ..., 'successes': s, "
-            "'trials': n} records. Used instead of the pre-pass."
+            "'trials': n} records (JSON Lines when the name ends in .jsonl); a record with 'alpha' and 'beta' "
+            "instead sets the prompt's pseudo-counts exactly, as `trl-aspo values` exports them. Used instead of the "
+            "pre-pass."
         },
     )
     value_reward_range: list[float] | None = field(

@@ -15,10 +15,12 @@ from trl_aspo.builtin import load_builtin
 from trl_aspo.builtin.task import calculator, make_dataset
 
 
-def run(out_dir: str, estimator: str) -> None:
+def run(out_dir: str, mode: str) -> None:
+    # "spo-kl": SPO with KL-adaptive rho, whose stored visits must be identical on every rank.
+    estimator = "spo" if mode == "spo-kl" else mode
     single = estimator != "group"
     args = ASPOConfig(
-        output_dir=f"{out_dir}/{estimator}",
+        output_dir=f"{out_dir}/{mode}",
         per_device_train_batch_size=2 if not single else 4,
         num_generations=4 if not single else 1,  # group runs: each group of 4 straddles the two ranks
         max_completion_length=16,
@@ -36,6 +38,7 @@ def run(out_dir: str, estimator: str) -> None:
         tool_shaping=True,
         tool_shaping_correct_threshold=0.05,
         advantage_estimator=estimator,
+        value_rho_mode="kl" if mode == "spo-kl" else "constant",
         prioritized_sampling=single,
     )
     model, tokenizer = load_builtin("builtin:tiny-random")
@@ -69,8 +72,12 @@ def run(out_dir: str, estimator: str) -> None:
         "tracker": trainer._value_tracker.state_dict() if single else None,
         "sampler_weights": trainer._priority_sampler.weights.tolist() if single else None,
         "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
+        "visit_store": {
+            key: {name: tensor.tolist() for name, tensor in visit.items()}
+            for key, visit in trainer._visit_store.items()
+        },
     }
-    with open(f"{out_dir}/{estimator}-rank{record['rank']}.json", "w") as handle:
+    with open(f"{out_dir}/{mode}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
     torch.distributed.barrier()
 

@@ -64,9 +64,10 @@ class Recorder:
         return total
 
 
-def spo_plus_plus_value(history: list[tuple[int, float]], event: int, rho: float = RHO) -> float:
-    """DESIGN.md section 3 by hand: Beta(0.5, 0.5) prior from event 0 plus outcomes aged rho^(q - z_i)."""
-    alpha = beta = PRIOR * rho**event
+def spo_plus_plus_value(history: list[tuple[int, float]], event: int, rho: float = RHO, entered: int = 0) -> float:
+    """DESIGN.md section 3 by hand: Beta(0.5, 0.5) prior from the prompt's first dispatch `entered` plus outcomes
+    aged rho^(q - z_i)."""
+    alpha = beta = PRIOR * rho ** (event - entered)
     for z, reward in history:
         alpha += rho ** (event - z) * reward
         beta += rho ** (event - z) * (1 - reward)
@@ -135,7 +136,8 @@ def test_spo_plus_plus_values_and_frozen_advantages(make_trainer):
         assert step["zero_advantage_share"] == pytest.approx(zero_share)
         for key, reward in zip(record["keys"], rewards.tolist(), strict=True):
             history[key].append((event, reward))
-    assert [step["value/tracked_prompts"] for step in steps] == [0.0, 8.0, 8.0]
+    # Prompts enter the tracker (their prior anchored) at their first dispatch.
+    assert [step["value/tracked_prompts"] for step in steps] == [8.0, 8.0, 8.0]
 
     tracker = trainer._value_tracker
     assert isinstance(tracker, EventValueTracker) and tracker.num_tracked == 8
@@ -260,11 +262,17 @@ def test_prioritized_sampling_follows_the_tracker(make_trainer, calculator_datas
         assert record["keys"] == [keys[i] for i in drawn["indices"]]
     # After the last round the weights are sqrt(v (1 - v)) + epsilon of the tracker's values (recomputed by hand).
     history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    entered: dict[str, int] = {}
     weights_after = []
     for event, record in enumerate(recorder.rounds):
         for key, reward in zip(record["keys"], recorder.total_rewards(event).tolist(), strict=True):
             history[key].append((event, reward))
-        values = torch.tensor([spo_plus_plus_value(history[key], event + 1) for key in keys], dtype=torch.float64)
+            entered.setdefault(key, event)
+        # Each prompt's prior ages from its first dispatch (issue 11 item 2), not from event 0.
+        values = torch.tensor(
+            [spo_plus_plus_value(history[key], event + 1, entered=entered.get(key, 0)) for key in keys],
+            dtype=torch.float64,
+        )
         weights_after.append((values * (1 - values)).sqrt() + 0.05)
     torch.testing.assert_close(sampler.weights, weights_after[-1], atol=1e-12, rtol=0)
     assert sampler.weights.std() > 0
@@ -320,8 +328,10 @@ def test_abstained_rewards_do_not_touch_the_tracker(make_trainer, small_dataset)
 
     sums = {prompt_key(row["prompt"]) for row in small_dataset if is_sum(row["prompt"])}
     assert sums and len(sums) < 8
-    tracked = set(trainer._value_tracker.state_dict()["state"])
-    assert tracked == {prompt_key(row["prompt"]) for row in small_dataset} - sums
+    # Abstained prompts entered the tracker at dispatch (their prior is anchored) but no outcome of theirs was seen.
+    visits = trainer._value_tracker.state_dict()["visits"]
+    assert set(visits) == {prompt_key(row["prompt"]) for row in small_dataset} - sums
+    assert (trainer._value_tracker.value(sorted(sums), 2) == 0.5).all()
     for record in recorder.rounds:
         abstained = torch.tensor([key in sums for key in record["keys"]])
         assert (record["output"]["advantages"][abstained] == 0).all()

@@ -337,7 +337,7 @@ class ASPOConfig(GRPOConfig):
                 "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
                 "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _validate_aspo_fields(self) -> None:

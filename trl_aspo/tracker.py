@@ -173,7 +173,7 @@ class EventValueTracker:
 
     @property
     def num_tracked(self) -> int:
-        """Number of keys with stored state (an initialized prior or at least one observation)."""
+        """Number of keys with stored state (entered, an initialized prior or at least one observation)."""
         return len(self._state)
 
     def visits(self, keys: Sequence[str]) -> torch.Tensor:

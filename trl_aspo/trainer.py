@@ -472,7 +472,7 @@ class ASPOTrainer(GRPOTrainer):
         return out, mask
 
     @torch.no_grad()
-    def _pending_visit_rho(self, pending: dict, visit_store: dict) -> dict:
+    def _measure_pending_visit(self, pending: dict, visit_store: dict) -> dict:
         """Close a pending round against `visit_store` (collective: every rank runs one forward of the same size).
 
         Per completion of the round: D since its prompt's previous visit (the stored completion's log-probs then and
@@ -486,7 +486,7 @@ class ASPOTrainer(GRPOTrainer):
         logps_now, mask = self._visit_logps(stored + local)
         stored_logps = torch.zeros_like(logps_now[: len(local)])
         for row, visit in enumerate(stored):
-            if visit is not None and "logps" in visit:
+            if "logps" in visit:
                 stored_logps[row, : len(visit["logps"])] = visit["logps"]
         drift = logprob_drift(stored_logps, logps_now[: len(local)], mask[: len(local)])
         drift = torch.where(first_visit, torch.zeros_like(drift), drift)
@@ -504,7 +504,7 @@ class ASPOTrainer(GRPOTrainer):
     def _close_pending_visit(self, pending: dict, tracker: VisitValueTracker, visit_store: dict) -> dict:
         """SPO's KL-adaptive update of `tracker` and `visit_store` for a pending round (collective); returns the
         round's scorable `drift`, `rho` and `first_visit`."""
-        closed = self._pending_visit_rho(pending, visit_store)
+        closed = self._measure_pending_visit(pending, visit_store)
         scorable = pending["scorable"]
         drift = closed["drift"][scorable]
         rho = kl_adaptive_rho(

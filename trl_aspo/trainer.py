@@ -261,7 +261,7 @@ class ASPOTrainer(GRPOTrainer):
             grouped = rewards.view(-1, self.num_generations)
             centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
             if self.args.filter_zero_variance_groups:
-                self._drop_zero_variance_groups(rewards, output, inputs)
+                scorable = scorable & ~self._drop_zero_variance_groups(rewards, output, inputs)
         centered = torch.where(scorable, centered, torch.zeros_like(centered))
 
         rewrite = self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping
@@ -296,15 +296,17 @@ class ASPOTrainer(GRPOTrainer):
         self._value_event += 1
         return output
 
-    def _drop_zero_variance_groups(self, rewards, output, inputs) -> None:
+    def _drop_zero_variance_groups(self, rewards, output, inputs) -> torch.Tensor:
         """Take groups whose rewards are all equal out of the loss: their tokens leave the completion mask and the
-        token count TRL normalizes by (the reference rejects them from the batch)."""
+        token count TRL normalizes by (the reference rejects them from the batch). Returns the gathered (N,) dropped
+        flags, so the caller also leaves them out of the advantage statistics."""
         dropped = zero_variance_groups(rewards, self.num_generations)
         keep = (~self._local_slice(dropped, inputs)).unsqueeze(1).to(output["completion_mask"].dtype)
         output["completion_mask"] = output["completion_mask"] * keep
         loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         self._metrics["train"]["filter/zero_variance_dropped_share"].append(dropped.float().mean().item())
+        return dropped.to(rewards.device)
 
     def _log_advantage_quantiles(self, advantages: torch.Tensor, scorable: torch.Tensor) -> None:
         """Quantiles p10, p30, p50, p70, p90 of the scorable completions' advantages after normalization, before tool

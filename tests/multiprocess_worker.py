@@ -18,7 +18,9 @@ from trl_aspo.builtin import load_builtin
 from trl_aspo.builtin.task import calculator, make_dataset
 
 
-def run(out_dir: str, estimator: str, label: str, overrides: dict) -> None:
+def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
+    # "spo-kl": SPO with KL-adaptive rho, whose stored visits must be identical on every rank.
+    estimator = "spo" if mode == "spo-kl" else mode
     single = estimator != "group"
     fields = dict(
         output_dir=f"{out_dir}/{label}",
@@ -39,6 +41,7 @@ def run(out_dir: str, estimator: str, label: str, overrides: dict) -> None:
         tool_shaping=True,
         tool_shaping_correct_threshold=0.05,
         advantage_estimator=estimator,
+        value_rho_mode="kl" if mode == "spo-kl" else "constant",
         prioritized_sampling=single,
     )
     fields.update(overrides)
@@ -74,6 +77,10 @@ def run(out_dir: str, estimator: str, label: str, overrides: dict) -> None:
         "tracker": trainer._value_tracker.state_dict() if single else None,
         "sampler_weights": trainer._priority_sampler.weights.tolist() if single else None,
         "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
+        "visit_store": {
+            key: {name: tensor.tolist() for name, tensor in visit.items()}
+            for key, visit in trainer._visit_store.items()
+        },
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from trl_aspo import ASPOConfig
@@ -45,6 +47,19 @@ def make(**overrides):
         ({"value_reward_range": [1.0, 0.0]}, "value_reward_range"),
         ({"prioritized_sampling": True}, "prioritized_sampling"),
         ({"priority_epsilon": 0.0}, "priority_epsilon"),
+        ({"aspo_dual_clip_pos": 1.0}, "aspo_dual_clip_pos"),
+        ({"loss_type": "aspo", "aspo_dual_clip_neg": 0.5}, "aspo_dual_clip_neg"),
+        # Issue 11 item 9: options that would do nothing are refused, naming the field.
+        ({"aspo_dual_clip": 2.0}, "aspo_dual_clip"),  # loss_type is TRL's 'dapo'
+        ({"loss_type": "grpo", "aspo_entropy_quantile": 0.8}, "aspo_entropy_quantile"),
+        (
+            {"advantage_normalization": "batch", "multi_objective_aggregation": "normalize_then_sum"},
+            "multi_objective_aggregation",
+        ),
+        ({"filter_zero_variance_groups": True, "advantage_estimator": "spo++"}, "filter_zero_variance_groups"),
+        ({"overlong_buffer_length": 0}, "overlong_buffer_length"),
+        ({"overlong_buffer_length": 1000, "max_completion_length": 256}, "overlong_buffer_length"),
+        ({"overlong_buffer_length": 8, "overlong_penalty_factor": 0.0}, "overlong_penalty_factor"),
     ],
 )
 def test_bad_values_name_the_field(overrides, field):
@@ -119,3 +134,30 @@ def test_wrong_yaml_types_are_refused_by_the_parser(tmp_path):
     config.write_text("output_dir: out\nadvantage_estimator: spo\nnum_generations: 1\nvalue_reward_range: 5\n")
     with pytest.raises(ValueError, match=r"ASPOConfig\.value_reward_range=5 is invalid: must be a list"):
         make_parser().parse_args_and_config(args=["--config", str(config), "--use_cpu", "true"])
+
+
+def test_prior_strength_follows_rho_unless_set():
+    """Issue 11 item 3: N0 = 1/(1-rho_min) for KL-adaptive rho, 1/(1-rho) for constant rho and spo++."""
+    assert make(advantage_estimator="spo++").value_prior_strength == 8.0  # 1 / (1 - 0.875)
+    assert make(advantage_estimator="spo++", value_rho=0.9).value_prior_strength == pytest.approx(10.0)
+    assert make(advantage_estimator="spo", value_rho=0.75).value_prior_strength == 4.0
+    kl = make(advantage_estimator="spo", value_rho_mode="kl", value_rho_min=0.8, value_rho_max=0.96)
+    assert kl.value_prior_strength == pytest.approx(5.0)  # follows rho_min, not value_rho=0.875
+    assert make(advantage_estimator="spo++", value_rho=0.9, value_prior_strength=3.0).value_prior_strength == 3.0
+    assert make(advantage_estimator="spo++", value_rho=1.0).value_prior_strength is None  # nothing to initialize
+    with pytest.raises(ValueError, match="ASPOConfig.value_prior_strength=None"):
+        make(advantage_estimator="spo++", value_rho=1.0, value_init_file="counts.json")
+
+
+def test_on_policy_aspo_warns_how_to_make_the_flip_act():
+    """Issue 11 item 9: with every optimizer step on-policy the flip changes nothing; the warning says what to set."""
+    with pytest.warns(UserWarning, match="on-policy.*num_iterations > 1 or steps_per_generation >"):
+        make(loss_type="aspo")
+    for off_policy in ({"num_iterations": 2}, {"steps_per_generation": 2}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            make(loss_type="aspo", **off_policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        make()  # TRL's loss: nothing to warn about
+        make(multi_objective_aggregation="normalize_then_sum")  # honoured by TRL's group scaling

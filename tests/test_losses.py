@@ -235,13 +235,23 @@ def test_progressive_flip_threshold_schedule_and_effect():
 
 
 def test_unflipped_sample_mask_and_effect():
-    mask = unflipped_sample_mask(10, 0.3, _gen(7))
-    assert mask.dtype == torch.bool and mask.shape == (10,) and int(mask.sum()) == 3
-    assert torch.equal(mask, unflipped_sample_mask(10, 0.3, _gen(7)))
-    assert int(unflipped_sample_mask(7, 0.5, _gen(0)).sum()) == round(3.5)
-    assert not unflipped_sample_mask(5, 0.0, _gen(0)).any() and unflipped_sample_mask(5, 1.0, _gen(0)).all()
+    # Five of the eight samples have A > 0 (indices 0, 2, 4, 6, 7): 0.4 of them is 2, drawn among those five only.
+    sample_advantages = torch.tensor([0.5, -1.0, 0.2, 0.0, 0.3, -0.1, 0.9, 0.4])
+    positive = torch.tensor([0, 2, 4, 6, 7])
+    mask = unflipped_sample_mask(sample_advantages, 0.4, _gen(7))
+    assert mask.dtype == torch.bool and mask.shape == (8,) and int(mask.sum()) == 2
+    assert not mask[sample_advantages <= 0].any()
+    expected = torch.zeros(8, dtype=torch.bool)
+    expected[positive[torch.randperm(5, generator=_gen(7))[:2]]] = True
+    assert torch.equal(mask, expected)
+    assert int(unflipped_sample_mask(sample_advantages, 0.5, _gen(0)).sum()) == round(2.5)
+    assert torch.equal(unflipped_sample_mask(sample_advantages, 1.0, _gen(0)), sample_advantages > 0)
+    assert not unflipped_sample_mask(sample_advantages, 0.0, _gen(0)).any()
+    assert not unflipped_sample_mask(-sample_advantages.abs(), 1.0, _gen(0)).any()
     with pytest.raises(ValueError, match="fraction"):
-        unflipped_sample_mask(5, 1.5, _gen(0))
+        unflipped_sample_mask(sample_advantages, 1.5, _gen(0))
+    with pytest.raises(ValueError, match="1-D"):
+        unflipped_sample_mask(sample_advantages.view(2, 4), 0.5, _gen(0))
 
     # r = 0.5 and 2.0: unflipped positives use PPO (w = r, hard clip above 1.2), flipped ones w = 1/r.
     ratio = torch.tensor([[0.5, 2.0], [0.5, 2.0], [0.5, 2.0]], dtype=torch.float64)
@@ -260,6 +270,24 @@ def test_infinite_dual_clip_disables_it():
     loss, grad, stats = _loss_and_grad(lp, old, torch.tensor([[1.0, -1.0]], dtype=torch.float64), dual_clip=math.inf)
     torch.testing.assert_close(grad, torch.tensor([[-10.0, 10.0]], dtype=torch.float64))
     assert torch.isfinite(loss).all() and stats["flip_weight"].tolist() == [[pytest.approx(10.0), 0.0]]
+
+
+def test_separate_dual_clip_constants_per_sign():
+    # r = 0.25 and 0.4 on positive tokens (1/r = 4 and 2.5), r = 2.5 and 4 on negative ones; C_pos = 2, C_neg = 5.
+    ratio = torch.tensor([[0.25, 0.4, 2.5, 4.0]], dtype=torch.float64)
+    lp, old = _logps_with_ratios(ratio, _gen(10))
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    loss, grad, stats = _loss_and_grad(lp, old, adv, dual_clip=3.0, dual_clip_pos=2.0, dual_clip_neg=5.0)
+    # 1/0.25 = 4 > C_pos = 2: weight 2; 1/0.4 = 2.5 > 2: weight 2; r = 2.5 and 4 < C_neg = 5: PPO weight r.
+    torch.testing.assert_close(grad, torch.tensor([[-2.0, -2.0, 2.5, 4.0]], dtype=torch.float64))
+    assert stats["dual_clip_pos"].tolist() == [[1, 1, 0, 0]] and stats["dual_clip_neg"].tolist() == [[0, 0, 0, 0]]
+    assert stats["flip_weight"].tolist() == [[2.0, 2.0, 0.0, 0.0]]
+    torch.testing.assert_close(loss[0, :2], -2.0 * lp.detach()[0, :2])
+    # Only the negative constant set: C_pos falls back to the shared C = 3 (1/0.25 = 4 > 3, 1/0.4 = 2.5 < 3).
+    _, grad, _ = _loss_and_grad(lp, old, adv, dual_clip=3.0, dual_clip_neg=3.5)
+    torch.testing.assert_close(grad, torch.tensor([[-3.0, -2.5, 2.5, 3.5]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="dual_clip_neg"):
+        asymmetric_policy_loss(lp, old, adv, dual_clip_neg=1.0)
 
 
 def test_low_precision_inputs_keep_gradient_dtype():

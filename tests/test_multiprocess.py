@@ -85,3 +85,16 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, st
     assert one["tracker"] == two[0]["tracker"] == two[1]["tracker"]
     assert one["sampler_weights"] == two[0]["sampler_weights"]
     assert one["parameters_sum"] == pytest.approx(two[0]["parameters_sum"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_kl_adaptive_rho_visits_identical_on_every_rank(tmp_path):
+    """Issue 11 item 1 across ranks: each rank measures D for its own completions, and the gathered stored visits
+    (completion ids, action masks, post-update log-probs) and the tracker they update agree on every rank."""
+    ranks = _launch(tmp_path, "spo-kl")
+    assert ranks[0]["tracker"] == ranks[1]["tracker"]
+    assert ranks[0]["visit_store"] == ranks[1]["visit_store"]
+    # Rounds 0 and 1 were closed (2 ranks x 4 prompts each); prompts drawn twice keep their last visit.
+    assert 4 <= len(ranks[0]["visit_store"]) <= 16
+    assert sum(ranks[0]["tracker"]["visits"].values()) == 16
+    assert ranks[0]["parameters_sum"] == ranks[1]["parameters_sum"]

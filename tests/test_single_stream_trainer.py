@@ -19,7 +19,7 @@ from trl_aspo import ASPOTrainer
 from trl_aspo.checkpoint_state import load_checkpoint_state
 from trl_aspo.prompt_ids import prompt_key
 from trl_aspo.sampler import PrioritizedRepeatSampler
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
+from trl_aspo.tracker import EventValueTracker, VisitValueTracker
 from trl_aspo.value_init import prepass_plan
 
 RHO = 0.875
@@ -64,9 +64,10 @@ class Recorder:
         return total
 
 
-def spo_plus_plus_value(history: list[tuple[int, float]], event: int, rho: float = RHO) -> float:
-    """DESIGN.md section 3 by hand: Beta(0.5, 0.5) prior from event 0 plus outcomes aged rho^(q - z_i)."""
-    alpha = beta = PRIOR * rho**event
+def spo_plus_plus_value(history: list[tuple[int, float]], event: int, rho: float = RHO, entered: int = 0) -> float:
+    """DESIGN.md section 3 by hand: Beta(0.5, 0.5) prior from the prompt's first dispatch `entered` plus outcomes
+    aged rho^(q - z_i)."""
+    alpha = beta = PRIOR * rho ** (event - entered)
     for z, reward in history:
         alpha += rho ** (event - z) * reward
         beta += rho ** (event - z) * (1 - reward)
@@ -135,7 +136,8 @@ def test_spo_plus_plus_values_and_frozen_advantages(make_trainer):
         assert step["zero_advantage_share"] == pytest.approx(zero_share)
         for key, reward in zip(record["keys"], rewards.tolist(), strict=True):
             history[key].append((event, reward))
-    assert [step["value/tracked_prompts"] for step in steps] == [0.0, 8.0, 8.0]
+    # Prompts enter the tracker (their prior anchored) at their first dispatch.
+    assert [step["value/tracked_prompts"] for step in steps] == [8.0, 8.0, 8.0]
 
     tracker = trainer._value_tracker
     assert isinstance(tracker, EventValueTracker) and tracker.num_tracked == 8
@@ -151,54 +153,85 @@ def test_spo_plus_plus_values_and_frozen_advantages(make_trainer):
     assert (counts[0].item(), counts[1].item()) == pytest.approx((alpha, beta), abs=1e-12)
 
 
+def independent_completion_logps(model, visit: dict, temperature: float) -> torch.Tensor:
+    """Log-probs of a stored visit's completion tokens by a plain forward of prompt + completion (no TRL helper)."""
+    prompt, completion = visit["prompt_ids"].long(), visit["completion_ids"].long()
+    ids = torch.cat([prompt, completion])[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : ids.size(1) - 1].float() / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, completion[:, None]).squeeze(-1)
+
+
 @pytest.mark.slow
-def test_spo_kl_adaptive_rho_uses_stored_logps(make_trainer):
-    trainer = make_trainer(advantage_estimator="spo", value_rho_mode="kl", learning_rate=1e-2)
+def test_spo_kl_adaptive_rho_measures_drift_since_previous_visit(make_trainer):
+    """Issue 11 item 1: D compares a prompt's stored completion from its previous visit (its log-probs right after
+    that visit's update) with the current policy; a first visit has D = 0, so rho = rho_max."""
+    trainer = make_trainer(advantage_estimator="spo", value_rho_mode="kl", learning_rate=1e-2, max_steps=4)
     recorder = Recorder(trainer)
-    observed: list[dict] = []
+    closures: list[dict] = []
     observe_pending = trainer._observe_pending_visit
     tracker_observe = trainer._value_tracker.observe
 
     def spying_observe_pending():
         pending = trainer._pending_visit
         if pending is not None:
-            # The policy after the update that used the round, computed here independently of TRL's helper.
-            n = pending["logps_before"].size(1)
-            with torch.no_grad():
-                logits = trainer.model(
-                    input_ids=pending["input_ids"], attention_mask=pending["attention_mask"]
-                ).logits[:, -n - 1 : -1]
-            logps_after = torch.log_softmax(logits.float(), dim=-1)
-            logps_after = logps_after.gather(-1, pending["input_ids"][:, -n:, None]).squeeze(-1)
-            expected = kl_adaptive_rho(pending["logps_before"], logps_after, pending["mask"])
-            observed.append({"expected_rho": expected, "keys": list(pending["keys"])})
+            model, temperature = trainer.model, trainer.args.temperature
+            drift, post = [], []
+            for key, own in zip(pending["keys"], pending["completions"], strict=True):
+                stored = trainer._visit_store.get(key)
+                if stored is None:
+                    drift.append(0.0)
+                else:
+                    now = independent_completion_logps(model, stored, temperature)
+                    mask = stored["action_mask"]
+                    drift.append(((stored["logps"] - now).abs()[mask].sum() / mask.sum().clamp(min=1)).item())
+                post.append(independent_completion_logps(model, own, temperature))
+            first = [trainer._visit_store.get(key) is None for key in pending["keys"]]
+            closures.append({"keys": list(pending["keys"]), "drift": drift, "post": post, "first": first})
         observe_pending()
 
     def spying_tracker_observe(keys, rewards, rho):
-        observed[-1]["rho"] = torch.as_tensor(rho)
-        observed[-1]["rewards"] = torch.as_tensor(rewards)
+        closures[-1].update(rho=torch.as_tensor(rho), rewards=torch.as_tensor(rewards), observed_keys=list(keys))
         tracker_observe(keys, rewards, rho)
 
     trainer._observe_pending_visit = spying_observe_pending
     trainer._value_tracker.observe = spying_tracker_observe
     trainer.train()
 
-    # Rounds 0 and 1 were closed at the dispatch of rounds 1 and 2; round 2 still waits for its update's effect.
-    assert len(observed) == 2 and trainer._pending_visit is not None
+    # Rounds 0..2 were closed at the dispatch of rounds 1..3; round 3 still waits for its update's effect.
+    assert len(closures) == 3 and trainer._pending_visit is not None
     args = trainer.args
-    for event, record in enumerate(observed):
-        assert record["keys"] == recorder.rounds[event]["keys"]
-        torch.testing.assert_close(record["rho"], record["expected_rho"], atol=1e-6, rtol=0)
-        assert ((record["rho"] >= args.value_rho_min) & (record["rho"] <= args.value_rho_max)).all()
+    steps = logged_steps(trainer)
+    for event, record in enumerate(closures):
+        assert record["observed_keys"] == record["keys"] == recorder.rounds[event]["keys"]
+        # Every prompt is drawn every round: round 0 is all first visits, later rounds none.
+        assert record["first"] == [event == 0] * 8
+        drift = torch.tensor(record["drift"], dtype=torch.float64)
+        if event == 0:
+            assert (drift == 0).all()
+        else:
+            assert (drift > 1e-4).all()  # lr 1e-2 moves the policy between visits
+        expected_rho = (2.0 ** (-drift / 0.06)).clamp(args.value_rho_min, args.value_rho_max)
+        torch.testing.assert_close(record["rho"], expected_rho, atol=1e-5, rtol=0)
         torch.testing.assert_close(record["rewards"], recorder.total_rewards(event))
-    logged_rho = [step["value/rho_mean"] for step in logged_steps(trainer) if "value/rho_mean" in step]
-    assert len(logged_rho) == 2
-    assert all(args.value_rho_min <= rho <= args.value_rho_max for rho in logged_rho)
+        step = steps[event + 1]
+        assert step["value/kl_drift"] == pytest.approx(drift.mean().item(), abs=1e-5)
+        assert step["value/first_visit_frac"] == (1.0 if event == 0 else 0.0)
+        clipped = ((2.0 ** (-drift / 0.06)) != expected_rho).double().mean().item()
+        assert step["value/rho_clip_frac"] == pytest.approx(clipped)
+        assert step["value/rho_mean"] == pytest.approx(expected_rho.mean().item(), abs=1e-5)
+    # The store holds each prompt's last visit (round 2's completions) with their log-probs after round 2's update.
+    last = closures[-1]
+    assert sorted(trainer._visit_store) == sorted(last["keys"])
+    for key, post in zip(last["keys"], last["post"], strict=True):
+        visit = trainer._visit_store[key]
+        assert visit["logps"].dtype == torch.float32 and visit["completion_ids"].dtype == torch.int32
+        torch.testing.assert_close(visit["logps"], post, atol=1e-5, rtol=0)
 
     # SPO's per-visit update by hand for one prompt: alpha <- rho*alpha + R, beta <- rho*beta + (1 - R).
-    key = observed[0]["keys"][0]
+    key = closures[0]["keys"][0]
     alpha = beta = PRIOR
-    for record in observed:
+    for record in closures:
         index = record["keys"].index(key)
         rho, reward = record["rho"][index].item(), record["rewards"][index].item()
         alpha, beta = rho * alpha + reward, rho * beta + 1 - reward
@@ -229,11 +262,17 @@ def test_prioritized_sampling_follows_the_tracker(make_trainer, calculator_datas
         assert record["keys"] == [keys[i] for i in drawn["indices"]]
     # After the last round the weights are sqrt(v (1 - v)) + epsilon of the tracker's values (recomputed by hand).
     history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    entered: dict[str, int] = {}
     weights_after = []
     for event, record in enumerate(recorder.rounds):
         for key, reward in zip(record["keys"], recorder.total_rewards(event).tolist(), strict=True):
             history[key].append((event, reward))
-        values = torch.tensor([spo_plus_plus_value(history[key], event + 1) for key in keys], dtype=torch.float64)
+            entered.setdefault(key, event)
+        # Each prompt's prior ages from its first dispatch (issue 11 item 2), not from event 0.
+        values = torch.tensor(
+            [spo_plus_plus_value(history[key], event + 1, entered=entered.get(key, 0)) for key in keys],
+            dtype=torch.float64,
+        )
         weights_after.append((values * (1 - values)).sqrt() + 0.05)
     torch.testing.assert_close(sampler.weights, weights_after[-1], atol=1e-12, rtol=0)
     assert sampler.weights.std() > 0
@@ -289,8 +328,10 @@ def test_abstained_rewards_do_not_touch_the_tracker(make_trainer, small_dataset)
 
     sums = {prompt_key(row["prompt"]) for row in small_dataset if is_sum(row["prompt"])}
     assert sums and len(sums) < 8
-    tracked = set(trainer._value_tracker.state_dict()["state"])
-    assert tracked == {prompt_key(row["prompt"]) for row in small_dataset} - sums
+    # Abstained prompts entered the tracker at dispatch (their prior is anchored) but no outcome of theirs was seen.
+    visits = trainer._value_tracker.state_dict()["visits"]
+    assert set(visits) == {prompt_key(row["prompt"]) for row in small_dataset} - sums
+    assert (trainer._value_tracker.value(sorted(sums), 2) == 0.5).all()
     for record in recorder.rounds:
         abstained = torch.tensor([key in sums for key in record["keys"]])
         assert (record["output"]["advantages"][abstained] == 0).all()
@@ -322,9 +363,15 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
         live = tracker.state_dict()
         tracker = VisitValueTracker()
         tracker.load_state_dict(live)
-        pending = first._pending_visit
-        tracker.observe(pending["keys"], pending["outcomes"], first._pending_visit_rho(pending))
-        assert saved["tracker"] != live
+        live_store = dict(first._visit_store)
+        visit_store = dict(live_store)
+        first._close_pending_visit(first._pending_visit, tracker, visit_store)
+        assert saved["tracker"] != live and first._visit_store == live_store
+        # The stored visits travel with the checkpoint: every prompt seen so far, tensors exactly.
+        assert sorted(saved["visit_store"]) == sorted(visit_store)
+        for key, visit in visit_store.items():
+            for name, tensor in visit.items():
+                assert torch.equal(saved["visit_store"][key][name], tensor)
     assert saved["tracker"] == tracker.state_dict()
     values = tracker.value(first._dataset_keys, 2) if estimator == "spo++" else tracker.value(first._dataset_keys)
     live_sampler = first._priority_sampler.state_dict()
@@ -342,6 +389,7 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
             event=second._value_event,
             sampler=second._priority_sampler.state_dict(),
             pending=second._pending_visit,
+            visit_store=dict(second._visit_store),
         )
 
     second._load_optimizer_and_scheduler = recording_load
@@ -349,6 +397,10 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
     assert restored["tracker"] == saved["tracker"]
     assert restored["event"] == saved["value_event"]
     assert restored["pending"] is None
+    if estimator == "spo":
+        assert sorted(restored["visit_store"]) == sorted(saved["visit_store"])
+        key = next(iter(saved["visit_store"]))
+        assert torch.equal(restored["visit_store"][key]["logps"], saved["visit_store"][key]["logps"])
     assert restored["sampler"]["weights"] == pytest.approx(saved["sampler"]["weights"], abs=1e-12)
     assert (restored["sampler"]["round"], restored["sampler"]["seed"]) == (live_sampler["round"], live_sampler["seed"])
     assert second.state.global_step == 3 and second._value_event == 3

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from trl_aspo.prompt_ids import prompt_key, prompt_keys
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
+from trl_aspo.tracker import (
+    EventValueTracker,
+    VisitValueTracker,
+    default_prior_strength,
+    kl_adaptive_rho,
+    logprob_drift,
+)
 
 # ----------------------------------------------------------------------------------------------------------- SPO
 
@@ -82,6 +88,7 @@ def test_init_from_counts_validation(successes, trials, match):
 def test_event_hand_numbers_and_visibility():
     t = EventValueTracker(rho=0.5)
     assert t.value(["a"], event=7).item() == 0.5
+    t.enter(["a"], event=0)
     t.observe(["a", "a"], torch.tensor([0.0, 1.0]), torch.tensor([2, 1]))
     # At q=1 only the outcome from event 1 is visible: alpha = 0.5*0.5 + 1, beta = 0.5*0.5.
     alpha, beta = t.pseudo_counts(["a"], event=1)
@@ -110,6 +117,43 @@ def test_event_prior_anchored_at_init_event():
     assert t.value(["p"], event=8).item() == pytest.approx(5.2875 / 7.125, abs=1e-12)
 
 
+def test_event_prior_anchored_at_first_dispatch():
+    """Issue 11 item 2: a prompt first drawn at round 40 starts from its full prior, not one aged by 0.875^40."""
+    t = EventValueTracker()  # rho = 0.875
+    t.value(["new"], event=40)
+    t.enter(["new"], event=40)
+    t.observe(["new"], [1.0], [40])
+    # alpha_41 = 0.875*(0.5 + 1) = 1.3125, beta_41 = 0.875*0.5 = 0.4375: value 1.5 / 2 = 0.75 (the old code,
+    # prior at event 0: (0.875^40*0.5 + 1) / (0.875^40 + 1) = 0.99774).
+    alpha, beta = t.pseudo_counts(["new"], event=41)
+    assert (alpha.item(), beta.item()) == pytest.approx((1.3125, 0.4375), abs=1e-12)
+    assert t.value(["new"], event=41).item() == pytest.approx(0.75, abs=1e-12)
+    # Its priority weight sqrt(v(1-v)) + 0.05 = sqrt(0.1875) + 0.05 = 0.48301, far from the floor 0.05 + 0.047.
+    from trl_aspo.sampler import priority_weights
+
+    assert priority_weights(t.value(["new"], event=41), 0.05).item() == pytest.approx(0.1875**0.5 + 0.05, abs=1e-9)
+    # Entering again later leaves the anchored prior alone; an initialized prior keeps its own event.
+    t.enter(["new"], event=45)
+    assert t.value(["new"], event=45).item() == pytest.approx(0.75, abs=1e-12)
+    t.init_from_counts(["file"], [1], [1], prior_strength=8.0, event=0)  # (6, 2) at the start of training
+    t.enter(["file"], event=40)
+    t.observe(["file"], [0.0], [40])
+    # alpha_40 = 0.875^40 * 6 = 0.0288..., beta_40 = 0.875^40 * 2 + 1: the file's prior aged from the start.
+    decay = 0.875**40
+    assert t.value(["file"], event=40).item() == pytest.approx(6 * decay / (8 * decay + 1), abs=1e-12)
+    # An unseen key's counts are the un-aged default prior at any event.
+    alpha, beta = t.pseudo_counts(["unseen"], event=99)
+    assert (alpha.item(), beta.item()) == (0.5, 0.5)
+
+
+def test_default_prior_strength_follows_rho():
+    assert default_prior_strength(0.875) == 8.0
+    assert default_prior_strength(0.9) == pytest.approx(10.0, abs=1e-12)
+    assert default_prior_strength(0.5) == 2.0
+    with pytest.raises(ValueError, match="rho = 1"):
+        default_prior_strength(1.0)
+
+
 def _direct(outcomes, rho, q, prior=(0.5, 0.5)):
     """Independent evaluation of the SPO++ sums for one key (prior at event 0)."""
     alpha = rho**q * prior[0] + sum(rho ** (q - z) * r for z, r in outcomes if z <= q)
@@ -128,6 +172,7 @@ def test_event_order_invariance_with_late_outcomes():
         if trial == 0:
             order.sort(key=lambda o: o[1])  # synchronous arrival order
         t = EventValueTracker(rho=0.875)
+        t.enter(keys, event=0)
         seen_max = last_q = 0
         i = 0
         while i < len(order):
@@ -154,6 +199,7 @@ def test_event_visibility_matches_truncated_sum():
     rng = random.Random(1)
     outcomes = [(rng.randrange(40), rng.random()) for _ in range(60)]
     t = EventValueTracker(rho=0.9)
+    t.enter(["a"], event=0)
     shuffled = rng.sample(outcomes, len(outcomes))
     t.observe(["a"] * len(shuffled), [r for _, r in shuffled], [z for z, _ in shuffled])
     for q in (0, 10, 25, 39, 45):
@@ -177,8 +223,8 @@ def test_event_numerically_safe_over_1e5_events():
     # Geometric sums: last outcome (event n-1, odd -> R=1) has weight 1 at the reference event.
     assert values[0].item() == pytest.approx(1 / (1 + 0.875), abs=1e-9)
     assert values[1].item() == pytest.approx(1.5 / 3, abs=1e-12)  # prior ratio survives total underflow
-    # The prior at event 0 and the outcome at event 3 age together: (0.5 + rho^-3) / (1 + rho^-3).
-    assert values[2].item() == pytest.approx((0.5 + 0.875**-3) / (1 + 0.875**-3), abs=1e-12)
+    # "late" enters at its outcome's event 3: prior and outcome age together, (0.5 + 1) / (1 + 1).
+    assert values[2].item() == pytest.approx(0.75, abs=1e-12)
     assert values[3].item() == 0.5
     alpha, beta = t.pseudo_counts(["a", "init"], event=q)
     assert torch.isfinite(alpha).all() and torch.isfinite(beta).all()
@@ -245,25 +291,29 @@ def test_state_dict_round_trip_json_and_torch(tmp_path):
 # ------------------------------------------------------------------------------------------------ KL-adaptive rho
 
 
-def test_kl_adaptive_rho_hand_numbers():
-    before = torch.zeros(4, 2)
-    after = torch.tensor(
+def test_logprob_drift_and_kl_adaptive_rho_hand_numbers():
+    stored = torch.zeros(4, 2)
+    now = torch.tensor(
         [
             [-0.004, -0.008],  # D = 0.006 -> 2^-0.1 = 0.93303...
             [0.003, -0.009],  # |.| mean = 0.006 as well
             [0.0, 0.0],  # D = 0 -> 1, clipped to rho_max
-            [-0.06, 100.0],  # second token masked out: D = 0.06 -> 0.5, clipped to rho_min
+            [-0.06, float("nan")],  # second token masked out: D = 0.06 -> 0.5, clipped to rho_min
         ]
     )
     mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 0]])
-    rho = kl_adaptive_rho(before, after, mask)
+    drift = logprob_drift(stored, now, mask)
+    assert drift.dtype == torch.float64 and drift.tolist() == pytest.approx([0.006, 0.006, 0.0, 0.06], abs=1e-7)
+    rho = kl_adaptive_rho(drift)
     assert rho.shape == (4,)
     assert rho.tolist() == pytest.approx([0.9330329915368074, 0.9330329915368074, 0.96, 0.875], abs=1e-6)
-    # No masked tokens: no measured change -> rho_max; custom bounds and half-life.
-    rho = kl_adaptive_rho(before[:2], after[:2], torch.tensor([[0, 0], [1, 1]]), d_half=0.006, rho_min=0.1)
-    assert rho.tolist() == pytest.approx([0.96, 0.5], abs=1e-6)
+    # No masked tokens: D = 0 -> rho_max; custom bounds and half-life.
+    drift = logprob_drift(stored[:2], now[:2], torch.tensor([[0, 0], [1, 1]]))
+    assert kl_adaptive_rho(drift, d_half=0.006, rho_min=0.1).tolist() == pytest.approx([0.96, 0.5], abs=1e-6)
     with pytest.raises(ValueError, match="shape"):
-        kl_adaptive_rho(before, after[:, :1], mask)
+        logprob_drift(stored, now[:, :1], mask)
+    with pytest.raises(ValueError, match="rho_min"):
+        kl_adaptive_rho(drift, rho_min=0.99, rho_max=0.9)
 
 
 # ---------------------------------------------------------------------------------------------------- prompt keys

@@ -3,7 +3,7 @@
 A state is any nested structure of dicts (string keys), lists, tensors, ints, floats, bools, strings and None. It is
 stored as two files inside the checkpoint folder:
 
-* `aspo_state.safetensors`: every tensor, under the path of its place in the structure (`tracker/logps/3`);
+* `aspo_state.safetensors`: every tensor, numbered and named by its place in the structure (`3:tracker/logps/3`);
 * `aspo_state.json`: everything else, with each tensor replaced by `{"__safetensors__": path}`.
 
 Both are written to a temporary file first and moved into place with `os.replace`, the JSON last: a checkpoint has a
@@ -48,8 +48,10 @@ def _atomic_write(path: str, write) -> None:
 def _split(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     """The JSON part of `value`; its tensors go into `tensors` under their path."""
     if isinstance(value, torch.Tensor):
-        tensors[path] = value.detach().cpu().contiguous()
-        return {_TENSOR_MARKER: path}
+        # Numbered, so that keys containing "/" (user prompt ids) can never make two paths collide.
+        name = f"{len(tensors)}:{path}"
+        tensors[name] = value.detach().cpu().contiguous()
+        return {_TENSOR_MARKER: name}
     if isinstance(value, dict):
         for key in value:
             if not isinstance(key, str):

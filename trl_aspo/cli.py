@@ -4,6 +4,7 @@
     trl-aspo train --num_processes 8 --config X.yaml                   # through `accelerate launch`
     trl-aspo train --accelerate_config configs/accelerate/fsdp2.yaml --config X.yaml   # DeepSpeed / FSDP configs
     trl-aspo evaluate --model builtin:tiny-calculator [--config X.yaml] [--key value ...]
+    trl-aspo values CHECKPOINT --output values.jsonl                   # per-prompt values of a checkpoint
 
 Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--main_process_ip`,
 `--machine_rank`, `--num_machines`, `--mixed_precision`, `--multi_gpu`) must come before `--config`; everything else
@@ -64,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="trl-aspo",
         description="ASPO / tool-position shaping / SPO++ training on top of TRL's GRPOTrainer.",
-        epilog="Run `trl-aspo train --help` or `trl-aspo evaluate --help` for every option.",
+        epilog="Run `trl-aspo train --help`, `trl-aspo evaluate --help` or `trl-aspo values --help` for every option.",
     )
-    parser.add_argument("command", choices=["train", "evaluate"], help="what to run")
+    parser.add_argument("command", choices=["train", "evaluate", "values"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -77,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         from .evaluate_cli import main as evaluate_main
 
         return evaluate_main(rest)
-    parser.error(f"unknown command {command!r}; choose 'train' or 'evaluate'")
+    if command == "values":
+        from .values_cli import main as values_main
+
+        return values_main(rest)
+    parser.error(f"unknown command {command!r}; choose 'train', 'evaluate' or 'values'")
     return 2
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 import types as types_module
 import typing
+import warnings
 from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
+
+from .tracker import default_prior_strength
 
 ADVANTAGE_ESTIMATORS = ("group", "spo", "spo++")
 ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
@@ -90,6 +93,20 @@ class ASPOConfig(GRPOConfig):
             "instead of an unbounded one."
         },
     )
+    aspo_dual_clip_pos: float | None = field(
+        default=None,
+        metadata={
+            "help": "Soft dual-clip constant for positive-advantage (flipped) tokens only, as the reference's "
+            "`positive_clip_ratio_c`. None = `aspo_dual_clip`. Must be > 1."
+        },
+    )
+    aspo_dual_clip_neg: float | None = field(
+        default=None,
+        metadata={
+            "help": "Soft dual-clip constant for negative-advantage tokens only, as the reference's "
+            "`negative_clip_ratio_c`. None = `aspo_dual_clip`. Must be > 1."
+        },
+    )
     aspo_aggregation: str = field(
         default="token",
         metadata={
@@ -129,8 +146,8 @@ class ASPOConfig(GRPOConfig):
     aspo_unflipped_fraction: float = field(
         default=0.0,
         metadata={
-            "help": "Share of completions (drawn each generation round) whose positive-advantage tokens keep the "
-            "standard clipped ratio instead of the flip. Must lie in [0, 1]."
+            "help": "Share of positive-advantage completions (drawn among them each generation round) whose tokens "
+            "keep the standard clipped ratio instead of the flip. Must lie in [0, 1]."
         },
     )
     aspo_adaptive_kl_beta: float | None = field(
@@ -145,6 +162,32 @@ class ASPOConfig(GRPOConfig):
     aspo_adaptive_kl_entropy_target: float = field(
         default=0.3,
         metadata={"help": "Mean token entropy (nats) under which the adaptive KL coefficient applies. Must be > 0."},
+    )
+
+    # --- Recipe options of the ASPO reference (Archer2.0) ---------------------------------------------------------
+    filter_zero_variance_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "Group estimator only: drop from the loss every group whose rewards are all equal (all solved "
+            "or all failed; the reference's rejection sampling), so they no longer count in the token mean or the KL "
+            "term. Logged as `filter/zero_variance_dropped_share` (the share of completions dropped)."
+        },
+    )
+    overlong_buffer_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Soft overlong penalty (DAPO, arXiv 2503.14476; the reference's overlong buffer): adds TRL's "
+            "`get_soft_overlong_punishment(max_completion_length, overlong_buffer_length)` as a reward function, "
+            "0 up to max_completion_length - buffer tokens, then falling linearly to -1 at max_completion_length. "
+            "None = off. Must lie in [1, max_completion_length]."
+        },
+    )
+    overlong_penalty_factor: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of the overlong penalty in the total reward (the reference's `penalty_factor`). Must be "
+            "> 0."
+        },
     )
 
     # --- Tool-position advantage shaping ------------------------------------------------------------------------
@@ -173,8 +216,9 @@ class ASPOConfig(GRPOConfig):
     tool_shaping_correct_threshold: float = field(
         default=0.5,
         metadata={
-            "help": "A completion counts as correct when its reward is above this value: the weighted total reward, "
-            "or the reward of `tool_shaping_correct_reward` if that is set."
+            "help": "A completion counts as correct when its reward is at least this value (reward >= threshold, the "
+            "same comparison as `trl-aspo evaluate --success_threshold`): the weighted total reward, or the reward "
+            "of `tool_shaping_correct_reward` if that is set."
         },
     )
     tool_shaping_correct_reward: str | None = field(
@@ -242,9 +286,11 @@ class ASPOConfig(GRPOConfig):
     value_rho_mode: str = field(
         default="constant",
         metadata={
-            "help": "spo only: 'constant' uses `value_rho` and costs nothing; 'kl' sets rho per completion from "
-            "the policy change across the update that used it, rho = clip(2^(-D / value_kl_half), value_rho_min, "
-            "value_rho_max), which costs one extra log-prob pass of the completions after the update.",
+            "help": "spo only: 'constant' uses `value_rho` and costs nothing; 'kl' sets rho per visit from the policy "
+            "drift D since the prompt's previous visit (its stored completion's log-probs then and now; D = 0 on a "
+            "first visit), rho = clip(2^(-D / value_kl_half), value_rho_min, value_rho_max), as the SPO reference. "
+            "Costs one extra log-prob pass per round and, per visited prompt, its last completion and log-probs in "
+            "CPU memory and checkpoints.",
             "choices": list(VALUE_RHO_MODES),
         },
     )
@@ -256,11 +302,13 @@ class ASPOConfig(GRPOConfig):
         default=0.875, metadata={"help": "KL-adaptive rho: lower bound. Must lie in (0, value_rho_max]."}
     )
     value_rho_max: float = field(default=0.96, metadata={"help": "KL-adaptive rho: upper bound. Must be <= 1."})
-    value_prior_strength: float = field(
-        default=8.0,
+    value_prior_strength: float | None = field(
+        default=None,
         metadata={
             "help": "Pseudo-count N0 of the tracker's initialization from counts: a prompt with s successes in n0 "
-            "samples starts at Beta(N0 (s+0.5)/(n0+1), N0 (n0-s+0.5)/(n0+1)). 8 = 1/(1-rho_min). Must be > 0."
+            "samples starts at Beta(N0 (s+0.5)/(n0+1), N0 (n0-s+0.5)/(n0+1)). None = follow rho: "
+            "1/(1-value_rho_min) with value_rho_mode='kl', else 1/(1-value_rho) (8 at 0.875). Must be > 0; must be "
+            "set when that rho is 1 and the tracker is initialized."
         },
     )
     value_init_samples: int = field(
@@ -274,7 +322,9 @@ class ASPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "JSON file of initial counts: a list of {'prompt_id' or 'prompt': ..., 'successes': s, "
-            "'trials': n} records. Used instead of the pre-pass."
+            "'trials': n} records (JSON Lines when the name ends in .jsonl); a record with 'alpha' and 'beta' "
+            "instead sets the prompt's pseudo-counts exactly, as `trl-aspo values` exports them. Used instead of the "
+            "pre-pass."
         },
     )
     value_reward_range: list[float] | None = field(
@@ -328,6 +378,20 @@ class ASPOConfig(GRPOConfig):
             if single_stream:
                 self.num_generations = 1
                 self.num_generations_eval = self.num_generations_eval or 1
+        self._warn_on_policy_aspo()
+
+    def _warn_on_policy_aspo(self) -> None:
+        """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
+        on_policy = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
+        if self.loss_type == "aspo" and on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
+            warnings.warn(
+                "ASPOConfig.loss_type='aspo' with num_iterations=1 and steps_per_generation == "
+                "gradient_accumulation_steps: every optimizer step is on-policy (ratio 1), where the flip changes "
+                "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
+                "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def _check_field_types(self) -> None:
         """Type-check every field ASPOConfig adds against its annotation, before any range check compares values:
@@ -362,6 +426,18 @@ class ASPOConfig(GRPOConfig):
 
         require(finite(self.aspo_dual_clip) and self.aspo_dual_clip > 1, "aspo_dual_clip", "must be a number > 1")
         require(self.aspo_aggregation in ASPO_AGGREGATIONS, "aspo_aggregation", f"must be one of {ASPO_AGGREGATIONS}")
+        for name in ("aspo_dual_clip_pos", "aspo_dual_clip_neg"):
+            value = getattr(self, name)
+            require(value is None or (finite(value) and value > 1), name, "must be None or a number > 1")
+        if self.loss_type != "aspo":
+            for aspo_field in fields(self):
+                if aspo_field.name.startswith("aspo_"):
+                    require(
+                        getattr(self, aspo_field.name) == aspo_field.default,
+                        aspo_field.name,
+                        f"it only acts with loss_type='aspo' (got loss_type={self.loss_type!r}); remove it or set "
+                        "loss_type='aspo'",
+                    )
         require(
             self.aspo_entropy_quantile is None
             or (finite(self.aspo_entropy_quantile) and 0 < self.aspo_entropy_quantile < 1),
@@ -403,6 +479,23 @@ class ASPOConfig(GRPOConfig):
                 "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
             )
 
+        require(
+            not (self.filter_zero_variance_groups and self.advantage_estimator != "group"),
+            "filter_zero_variance_groups",
+            "needs advantage_estimator='group' (a group of one completion always has zero variance)",
+        )
+        if self.overlong_buffer_length is not None:
+            require(
+                isinstance(self.overlong_buffer_length, int)
+                and 1 <= self.overlong_buffer_length <= (self.max_completion_length or 0),
+                "overlong_buffer_length",
+                f"must be None or an integer in [1, max_completion_length={self.max_completion_length}]",
+            )
+        require(
+            finite(self.overlong_penalty_factor) and self.overlong_penalty_factor > 0,
+            "overlong_penalty_factor",
+            "must be > 0",
+        )
         require(finite(self.tool_shaping_delta) and self.tool_shaping_delta != 0, "tool_shaping_delta", "must be != 0")
         require(finite(self.tool_shaping_k) and self.tool_shaping_k >= 0, "tool_shaping_k", "must be >= 0")
         require(finite(self.tool_shaping_correct_threshold), "tool_shaping_correct_threshold", "must be finite")
@@ -447,6 +540,12 @@ class ASPOConfig(GRPOConfig):
             "advantage_estimator='spo' or 'spo++'",
         )
         require(
+            not (self.multi_objective_aggregation == "normalize_then_sum" and self.advantage_normalization != "group"),
+            "multi_objective_aggregation",
+            f"'normalize_then_sum' is TRL's group scaling; advantage_normalization={self.advantage_normalization!r} "
+            "rescales the summed reward instead, so use 'sum_then_normalize' or advantage_normalization='group'",
+        )
+        require(
             not (single_stream and self.multi_objective_aggregation != "sum_then_normalize"),
             "multi_objective_aggregation",
             "the value tracker learns the weighted total reward, so it must be 'sum_then_normalize'",
@@ -461,7 +560,21 @@ class ASPOConfig(GRPOConfig):
         require(self.value_kl_half > 0, "value_kl_half", "must be > 0")
         require(self.value_rho_max <= 1, "value_rho_max", "must be <= 1")
         require(0 < self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
-        require(self.value_prior_strength > 0, "value_prior_strength", "must be a finite number > 0")
+        if self.value_prior_strength is None:
+            prior_rho = self.value_rho_min if self.value_rho_mode == "kl" else self.value_rho
+            initialized = self.value_init_samples > 0 or self.value_init_file is not None
+            require(
+                prior_rho < 1 or not initialized,
+                "value_prior_strength",
+                f"the default 1/(1-rho) is infinite at rho={prior_rho}; set a positive value",
+            )
+            if prior_rho < 1:
+                self.value_prior_strength = default_prior_strength(prior_rho)
+        require(
+            self.value_prior_strength is None or (finite(self.value_prior_strength) and self.value_prior_strength > 0),
+            "value_prior_strength",
+            "must be a finite number > 0",
+        )
         require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
         require(
             single_stream or (self.value_init_samples == 0 and self.value_init_file is None),

@@ -25,6 +25,9 @@ import torch
 from tqdm.auto import tqdm
 from trl.chat_template_utils import parse_response
 
+from .shaping import is_correct
+from .tool_metrics import is_model_text
+
 __all__ = ["evaluate_tool_use", "tool_suffix_ids"]
 
 
@@ -144,7 +147,7 @@ def _rollout(
             sample.messages.append(message)
             calls = message.get("tool_calls") or []
             sample.num_calls += len(calls)
-            if calls and message.get("content", "").strip():
+            if calls and is_model_text(message.get("content") or ""):
                 sample.interactive_turns += 1
             if not calls or (max_tool_calls is not None and sample.tool_rounds >= max_tool_calls):
                 continue
@@ -258,7 +261,7 @@ def evaluate_tool_use(
                 "completion": sample.messages,
                 "text": tokenizer.decode(sample.completion_ids),
                 "reward": float(reward),
-                "correct": float(reward) >= success_threshold,
+                "correct": bool(is_correct(float(reward), success_threshold)),
                 "num_calls": sample.num_calls,
                 "interactive_turns": sample.interactive_turns,
                 "first_call_position": first_call,

@@ -75,7 +75,8 @@ class _AsymmetricISLoss(torch.autograd.Function):
         advantages: torch.Tensor,
         epsilon_low: float | torch.Tensor,
         epsilon_high: float | torch.Tensor,
-        dual_clip: float,
+        dual_clip_pos: float,
+        dual_clip_neg: float,
         flip_threshold: float,
         unflipped_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
@@ -104,14 +105,17 @@ class _AsymmetricISLoss(torch.autograd.Function):
         loss = neg_adv * k
         neg_adv_weight = loss.masked_fill(clipped, 0.0)
         flip_weight = torch.where(flip & ~clipped, k, full(0.0)).float()
-        if math.isfinite(dual_clip):
-            # Flipped tokens with r < 1/C and negative ones with r > C both read z > log C.
-            dual = z > torch.where(flip | neg, full(math.log(dual_clip)), full(math.inf))
-            neg_adv_c = neg_adv * dual_clip
+        if math.isfinite(dual_clip_pos) or math.isfinite(dual_clip_neg):
+            # Flipped tokens with r < 1/C_pos and negative ones with r > C_neg both read z > log C.
+            log_c = torch.where(
+                flip, full(math.log(dual_clip_pos)), torch.where(neg, full(math.log(dual_clip_neg)), full(math.inf))
+            )
+            dual = z > log_c
+            neg_adv_c = neg_adv * torch.where(flip, full(dual_clip_pos), full(dual_clip_neg))
             loss = torch.where(dual, neg_adv_c * lp, loss)
             neg_adv_weight = torch.where(dual, neg_adv_c, neg_adv_weight)
             dual_pos, dual_neg = dual & pos, dual & neg
-            flip_weight = flip_weight.masked_fill_(dual_pos, dual_clip)
+            flip_weight = flip_weight.masked_fill_(dual_pos, dual_clip_pos)
         else:
             dual_pos = dual_neg = torch.zeros_like(clipped)
 
@@ -134,7 +138,7 @@ class _AsymmetricISLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor | None, *_stats_grads: Any) -> tuple[torch.Tensor | None, ...]:
         (neg_adv_weight,) = ctx.saved_tensors
         grad_lp = None if grad_loss is None else (grad_loss * neg_adv_weight).to(ctx.lp_dtype)
-        return grad_lp, None, None, None, None, None, None, None
+        return grad_lp, None, None, None, None, None, None, None, None
 
 
 def _check_epsilon(name: str, value: float) -> None:
@@ -164,6 +168,8 @@ def asymmetric_policy_loss(
     *,
     flip_threshold: float = 0.0,
     unflipped_mask: torch.Tensor | None = None,
+    dual_clip_pos: float | None = None,
+    dual_clip_neg: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token ASPO loss (see the module docstring for the table of values and gradients).
 
@@ -173,6 +179,8 @@ def asymmetric_policy_loss(
         advantages: (B,) or (B, T).
         epsilon_low, epsilon_high: hard-clip offsets, ``r`` is clipped to ``[1 - epsilon_low, 1 + epsilon_high]``.
         dual_clip: soft dual clip constant ``C > 1`` (``math.inf`` disables the dual clip).
+        dual_clip_pos, dual_clip_neg: separate constants for flipped (positive) and negative tokens, as the
+            reference's ``positive_clip_ratio_c`` / ``negative_clip_ratio_c``; ``None`` means ``dual_clip``.
         high_entropy_mask: (B, T) bool, True where a token uses the ``*_high_entropy`` offsets (see
             :func:`entropy_split_mask`).
         epsilon_low_high_entropy, epsilon_high_high_entropy: offsets for high-entropy tokens; ``None`` means the
@@ -192,8 +200,8 @@ def asymmetric_policy_loss(
           0 on other tokens; the mean flipped weight is ``sum(flip_weight * m) / sum(flipped * m)``.
         - ``hard_clip_pos``: 1 where ``A > 0`` and ``r > 1 + eps_high`` (flipped or not): zero gradient.
         - ``hard_clip_neg``: 1 where ``A < 0`` and ``r < 1 - eps_low``: zero gradient.
-        - ``dual_clip_pos``: 1 where a flipped token has ``r < 1/C``: weight C.
-        - ``dual_clip_neg``: 1 where ``A < 0`` and ``r > C``: weight C.
+        - ``dual_clip_pos``: 1 where a flipped token has ``r < 1/C_pos``: weight C_pos.
+        - ``dual_clip_neg``: 1 where ``A < 0`` and ``r > C_neg``: weight C_neg.
 
     Raises:
         ValueError: on shape mismatches, ``dual_clip <= 1``, negative offsets or a negative ``flip_threshold``.
@@ -207,8 +215,11 @@ def asymmetric_policy_loss(
             f"got {tuple(old_per_token_logps.shape)}."
         )
     advantages = _per_token("advantages", advantages, batch, seq)
-    if not dual_clip > 1.0:
-        raise ValueError(f"`dual_clip` must be > 1, got {dual_clip}.")
+    dual_clip_pos = dual_clip if dual_clip_pos is None else dual_clip_pos
+    dual_clip_neg = dual_clip if dual_clip_neg is None else dual_clip_neg
+    for name, value in (("dual_clip", dual_clip), ("dual_clip_pos", dual_clip_pos), ("dual_clip_neg", dual_clip_neg)):
+        if not value > 1.0:
+            raise ValueError(f"`{name}` must be > 1, got {value}.")
     if not flip_threshold >= 0.0:
         raise ValueError(f"`flip_threshold` must be >= 0, got {flip_threshold}.")
     _check_epsilon("epsilon_low", epsilon_low)
@@ -245,7 +256,8 @@ def asymmetric_policy_loss(
         advantages.to(dtype),
         eps_low,
         eps_high,
-        float(dual_clip),
+        float(dual_clip_pos),
+        float(dual_clip_neg),
         float(flip_threshold),
         unflipped_mask,
     )
@@ -290,24 +302,27 @@ def progressive_flip_threshold(step: int, start: float, decay_steps: int) -> flo
 
 
 def unflipped_sample_mask(
-    num_samples: int,
+    advantages: torch.Tensor,
     fraction: float,
     generator: torch.Generator | None = None,
-    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """(B,) bool with exactly ``round(fraction * num_samples)`` (Python's rounding) True entries at random positions.
+    """(B,) bool marking ``round(fraction * P)`` (Python's rounding) of the ``P`` positive-advantage samples at random.
 
-    True marks samples whose positive-advantage tokens keep the standard PPO ratio ("unflipped mix"). Pass a
-    seeded ``generator`` (a CPU one) so every rank draws the same samples.
+    True marks samples whose positive-advantage tokens keep the standard PPO ratio ("unflipped mix" of the ASPO
+    reference, arXiv 2510.06062): the share is drawn among positive-advantage samples, where the flip acts, so
+    ``fraction`` is the share of positive samples left unflipped. ``advantages`` holds one advantage per sample (B,).
+    Pass a seeded ``generator`` (a CPU one) so every rank draws the same samples. Returned on ``advantages``' device.
     """
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"`fraction` must be in [0, 1], got {fraction}.")
-    if num_samples < 0:
-        raise ValueError(f"`num_samples` must be >= 0, got {num_samples}.")
-    chosen = torch.randperm(num_samples, generator=generator)[: round(fraction * num_samples)]
-    unflipped = torch.zeros(num_samples, dtype=torch.bool)
+    if advantages.dim() != 1:
+        raise ValueError(f"`advantages` must be 1-D (one per sample), got shape {tuple(advantages.shape)}.")
+    positive = (advantages.detach().cpu() > 0).nonzero().flatten()
+    order = torch.randperm(len(positive), generator=generator)
+    chosen = positive[order[: round(fraction * len(positive))]]
+    unflipped = torch.zeros(len(advantages), dtype=torch.bool)
     unflipped[chosen] = True
-    return unflipped.to(device) if device is not None else unflipped
+    return unflipped.to(advantages.device)
 
 
 def aggregate_loss(

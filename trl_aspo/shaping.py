@@ -28,10 +28,19 @@ __all__ = [
     "CallablePenalty",
     "InteractiveTurnBonus",
     "ShapingHook",
+    "is_correct",
     "shaping_stats",
     "tool_position_bias",
     "tool_position_shaping",
 ]
+
+
+def is_correct(scores: torch.Tensor | float, threshold: float) -> torch.Tensor:
+    """``correct_i = score_i >= threshold``: the one comparison for tool shaping and for evaluation alike.
+
+    An unscored completion (NaN) is never correct. Returns a bool tensor of the shape of ``scores``."""
+    scores = torch.as_tensor(scores, dtype=torch.float64)
+    return torch.nan_to_num(scores, nan=-math.inf) >= threshold
 
 
 def _check_1d(name: str, tensor: torch.Tensor, size: int | None) -> None:

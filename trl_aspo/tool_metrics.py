@@ -34,6 +34,7 @@ __all__ = [
     "first_tool_call_positions",
     "regex_tool_call_positions",
     "resolve_call_token_ids",
+    "is_model_text",
     "resolve_whitespace_token_ids",
     "tool_call_metrics",
 ]
@@ -53,11 +54,19 @@ def resolve_call_token_ids(tokenizer: Any, opener: str = "<tool_call>") -> list[
     return ids
 
 
+def is_model_text(text: str) -> bool:
+    """Whether text the model wrote before a call makes the call interactive: anything but whitespace.
+
+    The one rule for interactive turns in training (token ids via :func:`resolve_whitespace_token_ids`, the regex
+    path via its decoded text) and in evaluation (the parsed turn's content)."""
+    return bool(text.strip())
+
+
 def resolve_whitespace_token_ids(tokenizer: Any) -> set[int]:
     """Ids of vocabulary tokens that decode to whitespace only (or nothing), for interactive-turn detection."""
     size = len(tokenizer)
     pieces = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False)
-    return {i for i, piece in enumerate(pieces) if not piece.strip()}
+    return {i for i, piece in enumerate(pieces) if not is_model_text(piece)}
 
 
 def first_tool_call_positions(
@@ -272,7 +281,7 @@ def _has_model_text(text: str, ends: list[int], action: list[bool], begin: int, 
     token = bisect.bisect_right(ends, begin)
     while token < len(ends) and begin < end:
         chunk_end = min(ends[token], end)
-        if action[token] and text[begin:chunk_end].strip():
+        if action[token] and is_model_text(text[begin:chunk_end]):
             return True
         begin = max(begin, chunk_end)
         token += 1

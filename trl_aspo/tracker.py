@@ -23,7 +23,12 @@ Two forgetting schemes are provided:
 
 Jeffreys-smoothed initialization from ``s`` successes in ``n0`` samples (both trackers, see
 ``init_from_counts``): ``alpha_0 = N0*(s + 0.5)/(n0 + 1)``, ``beta_0 = N0*(n0 - s + 0.5)/(n0 + 1)`` with
-``N0 = 1/(1 - rho_min) = 8`` by default.
+``N0 = 1/(1 - rho)`` by default (:func:`default_prior_strength`; ``rho_min`` for KL-adaptive rho, 8 at 0.875): the
+effective evidence ``alpha + beta`` a prompt carries in steady state under forgetting ``rho``.
+
+SPO++ anchors a prompt's prior at the event at which the prompt enters the tracker (:meth:`EventValueTracker.enter`
+at its first dispatch, or the ``event`` of ``init_from_counts`` for a pre-pass or file), so a prompt first drawn at
+a late round starts from its full prior, not from one already aged by ``rho^q``.
 
 All state is kept in Python floats (IEEE float64) and values are returned as ``torch.float64`` tensors:
 the trackers are bookkeeping, not model math, and float64 keeps the SPO++ sums order-invariant to ~1e-15.
@@ -97,6 +102,32 @@ def _jeffreys_prior(
     return counts
 
 
+def _validate_pseudo_counts(keys: Sequence[str], alphas: Numbers, betas: Numbers) -> tuple[list[float], list[float]]:
+    alpha_list = _as_float_list(alphas, len(keys), "alphas")
+    beta_list = _as_float_list(betas, len(keys), "betas")
+    for key, alpha, beta in zip(keys, alpha_list, beta_list, strict=True):
+        if not (math.isfinite(alpha) and math.isfinite(beta) and alpha >= 0 and beta >= 0 and alpha + beta > 0):
+            raise ValueError(
+                f"pseudo-counts alpha={alpha!r}, beta={beta!r} for prompt key {key!r} must be finite, >= 0 and not "
+                "both 0."
+            )
+    return alpha_list, beta_list
+
+
+def default_prior_strength(rho: float) -> float:
+    """Default prior pseudo-count ``N0 = 1 / (1 - rho)`` (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870).
+
+    ``1 / (1 - rho) = sum_k rho^k`` is the steady-state evidence ``alpha + beta`` of a prompt observed once per
+    visit (or event) under forgetting ``rho``, so the prior weighs as much as the evidence that will replace it.
+    ``rho`` is ``rho_min`` for KL-adaptive forgetting and the constant ``rho`` otherwise; ``rho = 1`` (no forgetting)
+    has no finite default.
+    """
+    rho = _validate_rho(rho)
+    if rho == 1.0:
+        raise ValueError("rho = 1 (no forgetting) has no default prior strength 1/(1 - rho); set it explicitly.")
+    return 1.0 / (1.0 - rho)
+
+
 def _validate_rho(rho: float, name: str = "rho") -> float:
     rho = float(rho)
     if not 0.0 < rho <= 1.0:
@@ -125,9 +156,10 @@ class EventValueTracker:
     is at least ``min(1, alpha_0 + beta_0)``: no 0/0 after long gaps. :meth:`pseudo_counts` returns the
     aged counts, which do depend on ``q`` and may underflow to 0 for prompts unseen for thousands of events.
 
-    Unseen keys start at Beta(0.5, 0.5) initialized at event 0. Note this default prior ages from event 0,
-    so a prompt first observed at a late event has effectively no prior left; call
-    :meth:`init_from_counts` with ``event=`` to anchor a prior elsewhere.
+    Prior event. A key enters the tracker at Beta(0.5, 0.5) anchored at the event of :meth:`enter` (the trainer
+    calls it at the key's first dispatch) or, for a key never entered, at the earliest event of its first observe call;
+    :meth:`init_from_counts` anchors a prior at its ``event=`` (the start of training for a pre-pass or file). The
+    prior of a prompt first drawn at event 40 therefore ages from 40, not from 0.
     """
 
     def __init__(self, rho: float = 0.875) -> None:
@@ -136,17 +168,31 @@ class EventValueTracker:
         self._state: dict[str, list[float]] = {}
         # key -> [[z, R], ...] outcomes with z greater than the key's reference event
         self._pending: dict[str, list[list[float]]] = {}
+        # key -> number of outcomes observed (visits)
+        self._visits: dict[str, int] = {}
 
     @property
     def num_tracked(self) -> int:
-        """Number of keys with stored state (an initialized prior or at least one observation)."""
+        """Number of keys with stored state (entered, an initialized prior or at least one observation)."""
         return len(self._state)
 
-    def _entry(self, key: str) -> list[float]:
+    def visits(self, keys: Sequence[str]) -> torch.Tensor:
+        """Number of outcomes observed per key (its visits; an initialized prior is not a visit), int64 (B,)."""
+        return torch.tensor([self._visits.get(key, 0) for key in keys], dtype=torch.long)
+
+    def _entry(self, key: str, event: int) -> list[float]:
         entry = self._state.get(key)
         if entry is None:
-            entry = self._state[key] = [PRIOR_ALPHA, PRIOR_BETA, 0]
+            entry = self._state[key] = [PRIOR_ALPHA, PRIOR_BETA, event]
         return entry
+
+    def enter(self, keys: Sequence[str], event: int) -> None:
+        """Anchor the default prior Beta(0.5, 0.5) of each key not yet tracked at ``event`` (its first dispatch).
+
+        Keys already tracked (entered, initialized or observed) are left untouched."""
+        event = self._check_event(event)
+        for key in keys:
+            self._entry(key, event)
 
     def _fold(self, key: str, event: int) -> list[float] | None:
         """Fold pending outcomes with ``z <= event`` into the stored counts; return the state (None if unseen)."""
@@ -190,7 +236,7 @@ class EventValueTracker:
         alphas, betas = [], []
         for key in keys:
             entry = self._fold(key, event)
-            alpha, beta, e = entry if entry is not None else (PRIOR_ALPHA, PRIOR_BETA, 0)
+            alpha, beta, e = entry if entry is not None else (PRIOR_ALPHA, PRIOR_BETA, event)
             decay = self.rho ** (event - e)
             alphas.append(alpha * decay)
             betas.append(beta * decay)
@@ -210,7 +256,9 @@ class EventValueTracker:
         """Record outcomes: ``rewards[i]`` in [0, 1] for ``keys[i]``, generated at policy event ``events[i]``.
 
         ``events`` is a list/int tensor with one event per key, or one int for all. Outcomes may arrive in any
-        order (late ones count exactly as if observed on time). Inputs are validated before any state changes.
+        order (late ones count exactly as if observed on time) once the key has entered (:meth:`enter` at its first
+        dispatch); a key observed before entering enters at the earliest event of this call's outcomes for it.
+        Inputs are validated before any state changes.
         """
         values = _validate_rewards(keys, rewards)
         if isinstance(events, torch.Tensor):
@@ -222,8 +270,15 @@ class EventValueTracker:
         if len(events) != len(keys):
             raise ValueError(f"`events` has {len(events)} entries but `keys` has {len(keys)}; they must match.")
         events = [self._check_event(z) for z in events]
+        entering: dict[str, int] = {}
+        for key, z in zip(keys, events, strict=True):
+            if key not in self._state:
+                entering[key] = min(z, entering.get(key, z))
+        for key, event in entering.items():
+            self._entry(key, event)
         for key, r, z in zip(keys, values, events, strict=True):
-            entry = self._entry(key)
+            self._visits[key] = self._visits.get(key, 0) + 1
+            entry = self._state[key]
             if z <= entry[2]:
                 w = self.rho ** (entry[2] - z)
                 entry[0] += w * r
@@ -249,6 +304,14 @@ class EventValueTracker:
             self._state[key] = [alpha, beta, event]
             self._pending.pop(key, None)
 
+    def set_pseudo_counts(self, keys: Sequence[str], alphas: Numbers, betas: Numbers, event: int = 0) -> None:
+        """Start each key at exactly Beta(alpha, beta) anchored at ``event`` (e.g. counts exported from a checkpoint
+        by ``trl-aspo values``); replaces any state held for those keys."""
+        event = self._check_event(event)
+        for key, alpha, beta in zip(keys, *_validate_pseudo_counts(keys, alphas, betas), strict=True):
+            self._state[key] = [alpha, beta, event]
+            self._pending.pop(key, None)
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (str keys, floats, ints, lists): storable with ``torch.save`` or ``json``."""
         return {
@@ -256,6 +319,7 @@ class EventValueTracker:
             "rho": self.rho,
             "state": {k: [v[0], v[1], int(v[2])] for k, v in self._state.items()},
             "pending": {k: [[int(z), r] for z, r in p] for k, p in self._pending.items()},
+            "visits": dict(self._visits),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -265,6 +329,7 @@ class EventValueTracker:
         self.rho = _validate_rho(state_dict["rho"])
         self._state = {k: [float(a), float(b), int(e)] for k, (a, b, e) in state_dict["state"].items()}
         self._pending = {k: [[int(z), float(r)] for z, r in p] for k, p in state_dict["pending"].items()}
+        self._visits = {k: int(n) for k, n in state_dict.get("visits", {}).items()}
 
 
 class VisitValueTracker:
@@ -278,11 +343,17 @@ class VisitValueTracker:
     def __init__(self) -> None:
         # key -> [alpha, beta]
         self._state: dict[str, list[float]] = {}
+        # key -> number of outcomes observed (visits)
+        self._visits: dict[str, int] = {}
 
     @property
     def num_tracked(self) -> int:
         """Number of keys with stored state (an initialized prior or at least one observation)."""
         return len(self._state)
+
+    def visits(self, keys: Sequence[str]) -> torch.Tensor:
+        """Number of outcomes observed per key (its visits; an initialized prior is not a visit), int64 (B,)."""
+        return torch.tensor([self._visits.get(key, 0) for key in keys], dtype=torch.long)
 
     def pseudo_counts(self, keys: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(alpha, beta)`` (float64, shape (B,))."""
@@ -302,6 +373,7 @@ class VisitValueTracker:
         values = _validate_rewards(keys, rewards)
         rhos = [_validate_rho(x) for x in _as_float_list(rho, len(keys), "rho")]
         for key, r, decay in zip(keys, values, rhos, strict=True):
+            self._visits[key] = self._visits.get(key, 0) + 1
             entry = self._state.setdefault(key, [PRIOR_ALPHA, PRIOR_BETA])
             entry[0] = decay * entry[0] + r
             entry[1] = decay * entry[1] + (1.0 - r)
@@ -313,44 +385,59 @@ class VisitValueTracker:
         for key, (alpha, beta) in zip(keys, _jeffreys_prior(keys, successes, trials, prior_strength), strict=True):
             self._state[key] = [alpha, beta]
 
+    def set_pseudo_counts(self, keys: Sequence[str], alphas: Numbers, betas: Numbers) -> None:
+        """Start each key at exactly Beta(alpha, beta) (e.g. counts exported from a checkpoint by ``trl-aspo
+        values``); replaces any state held for those keys."""
+        for key, alpha, beta in zip(keys, *_validate_pseudo_counts(keys, alphas, betas), strict=True):
+            self._state[key] = [alpha, beta]
+
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (str keys, floats, lists): storable with ``torch.save`` or ``json``."""
-        return {"type": "VisitValueTracker", "state": {k: list(v) for k, v in self._state.items()}}
+        return {
+            "type": "VisitValueTracker",
+            "state": {k: list(v) for k, v in self._state.items()},
+            "visits": dict(self._visits),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state produced by :meth:`state_dict` exactly (replacing the current state)."""
         if state_dict.get("type") != "VisitValueTracker":
             raise ValueError(f"not a VisitValueTracker state (type={state_dict.get('type')!r}).")
         self._state = {k: [float(a), float(b)] for k, (a, b) in state_dict["state"].items()}
+        self._visits = {k: int(n) for k, n in state_dict.get("visits", {}).items()}
+
+
+def logprob_drift(logps_stored: torch.Tensor, logps_now: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Policy drift since a prompt's previous visit (SPO, arXiv 2509.13232; verl-recipe ``spo``, ``_get_spo_rho``).
+
+    ``D = sum_t m_t |lp_stored_t - lp_now_t| / sum_t m_t`` over the stored completion's action tokens, with
+    ``lp_stored`` its log-probs under the policy right after the update that used that visit and ``lp_now`` under
+    the current policy. Inputs have shape (B, T); ``mask`` is 1/True on action tokens. A completion with no action
+    tokens has ``D = 0``. Returns float64, shape (B,).
+    """
+    if logps_stored.shape != logps_now.shape or logps_stored.shape != mask.shape or logps_stored.dim() != 2:
+        raise ValueError(
+            "`logps_stored`, `logps_now` and `mask` must share one (B, T) shape, got "
+            f"{tuple(logps_stored.shape)}, {tuple(logps_now.shape)}, {tuple(mask.shape)}."
+        )
+    weights = mask.to(torch.float64)
+    diff = (logps_stored.detach().to(torch.float64) - logps_now.detach().to(torch.float64)).abs()
+    # Zero the masked-out positions explicitly so padding log-probs (possibly inf/nan) cannot leak in.
+    diff = torch.where(weights > 0, diff, torch.zeros_like(diff))
+    return (diff * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)
 
 
 def kl_adaptive_rho(
-    logps_before: torch.Tensor,
-    logps_after: torch.Tensor,
-    mask: torch.Tensor,
-    d_half: float = 0.06,
-    rho_min: float = 0.875,
-    rho_max: float = 0.96,
+    drift: torch.Tensor, d_half: float = 0.06, rho_min: float = 0.875, rho_max: float = 0.96
 ) -> torch.Tensor:
-    """KL-adaptive forgetting factor per completion (SPO): ``rho = clip(2^(-D / d_half), rho_min, rho_max)``.
+    """KL-adaptive forgetting factor per visit (SPO): ``rho = clip(2^(-D / d_half), rho_min, rho_max)``.
 
-    ``D`` is the masked mean of ``|lp_before - lp_after|`` over the completion's tokens across the policy update
-    that used it, so a policy that moved more forgets its old evidence faster (``D = d_half`` halves it before
-    clipping). Inputs have shape (B, T); ``mask`` is 1/True on tokens that count. A completion with no masked
-    tokens has ``D = 0`` (no measured change), hence ``rho = rho_max``. Returns float64, shape (B,).
+    ``D`` is the drift since the prompt's previous visit (:func:`logprob_drift`; ``D = 0`` on a first visit, so
+    ``rho = rho_max``): a prompt whose evidence was gathered under a policy that has moved more since forgets it
+    faster (``D = d_half`` halves it before clipping). Returns float64, the shape of ``drift``.
     """
-    if logps_before.shape != logps_after.shape or logps_before.shape != mask.shape or logps_before.dim() != 2:
-        raise ValueError(
-            "`logps_before`, `logps_after` and `mask` must share one (B, T) shape, got "
-            f"{tuple(logps_before.shape)}, {tuple(logps_after.shape)}, {tuple(mask.shape)}."
-        )
     if not d_half > 0:
         raise ValueError(f"`d_half` must be positive, got {d_half!r}.")
     if not 0 < rho_min <= rho_max <= 1:
         raise ValueError(f"need 0 < rho_min <= rho_max <= 1, got rho_min={rho_min!r}, rho_max={rho_max!r}.")
-    weights = mask.to(torch.float64)
-    diff = (logps_before.detach().to(torch.float64) - logps_after.detach().to(torch.float64)).abs()
-    # Zero the masked-out positions explicitly so padding log-probs (possibly inf/nan) cannot leak in.
-    diff = torch.where(weights > 0, diff, torch.zeros_like(diff))
-    divergence = (diff * weights).sum(-1) / weights.sum(-1).clamp(min=1.0)
-    return torch.exp2(-divergence / d_half).clamp(rho_min, rho_max)
+    return torch.exp2(-drift.to(torch.float64) / d_half).clamp(rho_min, rho_max)

@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import warnings
 
 import torch
 from accelerate.utils import gather_object
@@ -27,7 +28,9 @@ from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .citations import model_card_paper
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
+from .filters import zero_variance_groups
 from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
@@ -39,15 +42,16 @@ from .losses import (
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_id_key, prompt_key, prompt_keys, prompt_match_key
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
-from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats, tool_position_bias
+from .shaping import CallablePenalty, InteractiveTurnBonus, is_correct, shaping_stats, tool_position_bias
 from .tool_metrics import (
     first_tool_call_positions,
     regex_tool_call_positions,
     resolve_call_token_ids,
+    resolve_whitespace_token_ids,
     tool_call_metrics,
 )
-from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho
-from .value_init import prepass_plan, read_init_counts
+from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
+from .value_init import prepass_plan, read_init_records
 
 logger = logging.get_logger(__name__)
 
@@ -96,6 +100,20 @@ def _as_aspo_config(args: GRPOConfig) -> GRPOConfig:
     return args
 
 
+def _with_overlong_penalty(reward_funcs, args: GRPOConfig):
+    """Append TRL's soft overlong punishment (DAPO) as a reward function weighted by `overlong_penalty_factor`.
+
+    Works on a copy of `args`, so a config reused for a second trainer does not collect a second penalty weight."""
+    from trl.rewards import get_soft_overlong_punishment
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, list | tuple) else [reward_funcs]
+    penalty = get_soft_overlong_punishment(args.max_completion_length, args.overlong_buffer_length)
+    args = copy.copy(args)
+    weights = [1.0] * len(funcs) if args.reward_weights is None else list(args.reward_weights)
+    args.reward_weights = [*weights, args.overlong_penalty_factor]
+    return [*funcs, penalty], args
+
+
 def _import_callable(dotted_path: str, field_name: str):
     module_name, _, attribute = dotted_path.rpartition(".")
     try:
@@ -126,7 +144,24 @@ class ASPOTrainer(GRPOTrainer):
             model_name = model if isinstance(model, str) else model.config._name_or_path or "model"
             args = ASPOConfig(f"{model_name.split('/')[-1]}-ASPO")
         args = _as_aspo_config(args)
+        if args.overlong_buffer_length is not None:
+            reward_funcs, args = _with_overlong_penalty(reward_funcs, args)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if (
+            args.tool_shaping
+            and not self.tools
+            and self.environment_factories is None
+            and self.rollout_func is None
+            and args.tool_call_pattern is None
+        ):
+            warnings.warn(
+                "ASPOConfig.tool_shaping=True, but the trainer has no tools=, environment_factory= or rollout_func "
+                "and ASPOConfig.tool_call_pattern is None: shaping only acts on completions whose text contains "
+                f"tool_call_opener={args.tool_call_opener!r}, which nothing executes. Pass tools= or set "
+                "tool_call_pattern.",
+                UserWarning,
+                stacklevel=2,
+            )
 
         if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
             raise ValueError(
@@ -136,6 +171,8 @@ class ASPOTrainer(GRPOTrainer):
         self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
         self._value_event = 0
         self._pending_visit = None
+        # KL-adaptive rho: per prompt, the completion of its last visit with its post-update log-probs (CPU).
+        self._visit_store: dict[str, dict[str, torch.Tensor]] = {}
         if args.advantage_estimator == "spo++":
             self._value_tracker = EventValueTracker(rho=args.value_rho)
         elif args.advantage_estimator == "spo":
@@ -146,6 +183,8 @@ class ASPOTrainer(GRPOTrainer):
             self._init_values_from_file(args.value_init_file)
 
         self._call_token_ids = resolve_call_token_ids(self._tokenizer, args.tool_call_opener)
+        # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
+        self._whitespace_token_ids: set[int] | None = None
         self._shaping_hooks = []
         if args.tool_shaping_interactive_bonus > 0:
             self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
@@ -163,6 +202,10 @@ class ASPOTrainer(GRPOTrainer):
             )
         self._aspo_kl_coef = self.beta
         self._aspo_entropy_window = None
+        paper = model_card_paper(args, GRPOTrainer._paper)
+        if paper is not None:
+            # TRL's model card reads `_paper`: cite the methods this run uses, not only GRPO.
+            self._paper = paper
 
     # ---------------------------------------------------------------- sampling
     def _get_train_sampler(self, dataset=None):
@@ -268,6 +311,8 @@ class ASPOTrainer(GRPOTrainer):
             if self.args.prioritized_sampling:
                 inputs = self._draw_prioritized_round(inputs)
             keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
+            if isinstance(self._value_tracker, EventValueTracker):
+                self._value_tracker.enter(keys, self._value_event)
             dispatch_values = self._tracker_values(keys).float()
         output = super()._generate_and_score_completions(inputs)
         if mode != "train":
@@ -284,10 +329,12 @@ class ASPOTrainer(GRPOTrainer):
         if self._single_stream:
             outcomes = self._rewards_for_tracker(rewards)
             centered = outcomes - dispatch_values.to(device)
-            self._log_tracker_metrics(dispatch_values)
+            self._log_tracker_metrics(keys, dispatch_values)
         else:
             grouped = rewards.view(-1, self.num_generations)
             centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+            if self.args.filter_zero_variance_groups:
+                scorable = scorable & ~self._drop_zero_variance_groups(rewards, output, inputs)
         centered = torch.where(scorable, centered, torch.zeros_like(centered))
 
         rewrite = self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping
@@ -304,6 +351,8 @@ class ASPOTrainer(GRPOTrainer):
             output["advantages"] = self._local_slice(advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
             self._logs["advantages"].extend(advantages.tolist())
+        normalized = unsignaled if rewrite else self.accelerator.gather(output["advantages"])
+        self._log_advantage_quantiles(normalized, scorable)
         self._metrics[mode]["zero_advantage_share"].append(
             torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
         )
@@ -312,12 +361,35 @@ class ASPOTrainer(GRPOTrainer):
             self._observe(keys, outcomes, scorable, output)
         if self.loss_type == "aspo" and self.args.aspo_unflipped_fraction > 0:
             generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
-            draw = unflipped_sample_mask(len(rewards), self.args.aspo_unflipped_fraction, generator)
+            final_advantages = self.accelerator.gather(output["advantages"]).cpu()
+            draw = unflipped_sample_mask(final_advantages, self.args.aspo_unflipped_fraction, generator)
             output["aspo_unflipped"] = self._local_slice(draw, inputs)
         completion_repeats = repetition_rate(output["completion_ids"], action_mask)
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
         self._value_event += 1
         return output
+
+    def _drop_zero_variance_groups(self, rewards, output, inputs) -> torch.Tensor:
+        """Take groups whose rewards are all equal out of the loss: their tokens leave the completion mask and the
+        token count TRL normalizes by (the reference rejects them from the batch). Returns the gathered (N,) dropped
+        flags, so the caller also leaves them out of the advantage statistics."""
+        dropped = zero_variance_groups(rewards, self.num_generations)
+        keep = (~self._local_slice(dropped, inputs)).unsqueeze(1).to(output["completion_mask"].dtype)
+        output["completion_mask"] = output["completion_mask"] * keep
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._metrics["train"]["filter/zero_variance_dropped_share"].append(dropped.float().mean().item())
+        return dropped.to(rewards.device)
+
+    def _log_advantage_quantiles(self, advantages: torch.Tensor, scorable: torch.Tensor) -> None:
+        """Quantiles p10, p30, p50, p70, p90 of the scorable completions' advantages after normalization, before tool
+        shaping (the reference's `spo/adv_after_norm/p*`)."""
+        scored = advantages[scorable.to(advantages.device)].double()
+        if not scored.numel():
+            return
+        levels = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=torch.float64, device=scored.device)
+        for level, value in zip((10, 30, 50, 70, 90), torch.quantile(scored, levels).tolist(), strict=True):
+            self._metrics["train"][f"advantage/p{level}"].append(value)
 
     def _local_slice(self, gathered: torch.Tensor, inputs) -> torch.Tensor:
         start = self.accelerator.process_index * len(inputs)
@@ -346,8 +418,14 @@ class ASPOTrainer(GRPOTrainer):
                 completion_mask=output["completion_mask"],
             )
         else:
+            if self._whitespace_token_ids is None:
+                self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
             stats = first_tool_call_positions(
-                output["completion_ids"], output.get("tool_mask"), output["completion_mask"], self._call_token_ids
+                output["completion_ids"],
+                output.get("tool_mask"),
+                output["completion_mask"],
+                self._call_token_ids,
+                self._whitespace_token_ids,
             )
         gathered = self.accelerator.gather(torch.stack(stats, dim=1).to(self.accelerator.device))
         if self.tools or self.args.tool_call_pattern is not None or self.args.tool_shaping:
@@ -362,7 +440,7 @@ class ASPOTrainer(GRPOTrainer):
         else:
             score = rewards_per_func[:, self.reward_func_names.index(args.tool_shaping_correct_reward)]
         positions, lengths, calls, turns = tool_stats.unbind(dim=1)
-        eligible = (torch.nan_to_num(score, nan=-torch.inf) > args.tool_shaping_correct_threshold) & (positions >= 0)
+        eligible = is_correct(score, args.tool_shaping_correct_threshold).to(positions.device) & (positions >= 0)
         if self.num_generations > 1:
             groups = torch.arange(len(advantages), device=advantages.device) // self.num_generations
         else:
@@ -400,82 +478,146 @@ class ASPOTrainer(GRPOTrainer):
         return rewards.clamp(0.0, 1.0)
 
     def _observe(self, keys, outcomes, scorable, output) -> None:
+        if self.args.value_rho_mode == "kl":
+            self._pending_visit = self._snapshot_for_kl_rho(output, keys, outcomes, scorable)
+            return
         valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]
         valid_outcomes = outcomes[scorable].double().cpu()
         if isinstance(self._value_tracker, EventValueTracker):
             self._value_tracker.observe(valid_keys, valid_outcomes, [self._value_event] * len(valid_keys))
-        elif self.args.value_rho_mode == "constant":
-            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
         else:
-            self._pending_visit = self._snapshot_for_kl_rho(output, valid_keys, valid_outcomes, scorable)
+            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
         self._refresh_priorities()
 
-    @torch.no_grad()
     def _snapshot_for_kl_rho(self, output, keys, outcomes, scorable) -> dict:
-        input_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        logits_to_keep = output["completion_ids"].size(1)
-        forward_inputs = {key: output.get(key) for key in _FORWARD_KEYS}
-        logps_before = output.get("old_per_token_logps")
-        if logps_before is None:
-            logps_before, _, _ = self._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size=self.args.per_device_train_batch_size,
-                **forward_inputs,
+        """This round's visit, held until the updates that use it are done: the gathered keys, outcomes and scorable
+        flags, and each local completion trimmed to its own tokens (prompt without padding, completion up to its
+        last token, action mask) on CPU."""
+        completion_mask = output["completion_mask"]
+        action_mask = completion_mask * output.get("tool_mask", 1)
+        completions = []
+        for row in range(completion_mask.size(0)):
+            length = int(completion_mask[row].nonzero().max()) + 1 if completion_mask[row].any() else 0
+            completions.append(
+                {
+                    "prompt_ids": output["prompt_ids"][row][output["prompt_mask"][row].bool()].to("cpu", torch.int32),
+                    "completion_ids": output["completion_ids"][row, :length].to("cpu", torch.int32),
+                    "action_mask": action_mask[row, :length].to("cpu", torch.bool),
+                }
             )
-        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        start = self.accelerator.process_index * len(completions)
         return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "logps_before": logps_before,
-            "mask": mask,
-            "keys": keys,
-            "outcomes": outcomes,
-            "scorable": scorable,
-            "forward_inputs": forward_inputs,
+            "keys": list(keys),
+            "local_keys": list(keys[start : start + len(completions)]),
+            "outcomes": outcomes.double().cpu(),
+            "scorable": scorable.cpu(),
+            "completions": completions,
         }
 
     @torch.no_grad()
-    def _pending_visit_rho(self, pending: dict) -> torch.Tensor:
-        """KL-adaptive rho of a pending round's scorable outcomes, in the order of its keys (collective: gathers).
+    def _visit_logps(self, visits: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Current-policy log-probs of stored visits' completion tokens, (n, T) float32 on CPU, and their action masks.
 
-        Compares the log-probs stored at dispatch with those of the current model, i.e. after the updates that used
-        the round."""
-        logps_after, _, _ = self._get_per_token_logps_and_entropies(
+        Each row is prompt + completion from position 0, right-padded: the log-probs do not depend on which other
+        visits share the batch (left padding would shift the positions)."""
+        lengths = [len(v["prompt_ids"]) + len(v["completion_ids"]) for v in visits]
+        width = max(lengths)
+        input_ids = torch.zeros(len(visits), width, dtype=torch.long)
+        attention_mask = torch.zeros(len(visits), width, dtype=torch.long)
+        for row, visit in enumerate(visits):
+            input_ids[row, : lengths[row]] = torch.cat([visit["prompt_ids"], visit["completion_ids"]]).long()
+            attention_mask[row, : lengths[row]] = 1
+        device = self.accelerator.device
+        logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
-            pending["input_ids"],
-            pending["attention_mask"],
-            pending["logps_before"].size(1),
+            input_ids.to(device),
+            attention_mask.to(device),
+            width - 1,
             batch_size=self.args.per_device_train_batch_size,
-            **pending["forward_inputs"],
         )
-        rho_local = kl_adaptive_rho(
-            pending["logps_before"],
-            logps_after,
-            pending["mask"],
-            d_half=self.args.value_kl_half,
-            rho_min=self.args.value_rho_min,
-            rho_max=self.args.value_rho_max,
+        # logps[:, j] is the log-prob of token j + 1.
+        completion_width = max(1, max(len(v["completion_ids"]) for v in visits))
+        out = torch.zeros(len(visits), completion_width, dtype=torch.float32)
+        mask = torch.zeros(len(visits), completion_width, dtype=torch.bool)
+        for row, visit in enumerate(visits):
+            start, length = len(visit["prompt_ids"]) - 1, len(visit["completion_ids"])
+            out[row, :length] = logps[row, start : start + length].float().cpu()
+            mask[row, :length] = visit["action_mask"]
+        return out, mask
+
+    @torch.no_grad()
+    def _measure_pending_visit(self, pending: dict, visit_store: dict) -> dict:
+        """Close a pending round against `visit_store` (collective: every rank runs one forward of the same size).
+
+        Per completion of the round: D since its prompt's previous visit (the stored completion's log-probs then and
+        now; D = 0 on a first visit), and the visit to store next (this completion with its post-update log-probs).
+        Returns gathered `drift`, `first_visit` and `visits`, in the order of the round's keys."""
+        local = pending["completions"]
+        previous = [visit_store.get(key) for key in pending["local_keys"]]
+        first_visit = torch.tensor([visit is None for visit in previous])
+        # A first visit stands in for itself (D = 0), so every rank runs one batch of 2 x its local size.
+        stored = [visit if visit is not None else own for visit, own in zip(previous, local, strict=True)]
+        logps_now, mask = self._visit_logps(stored + local)
+        stored_logps = torch.zeros_like(logps_now[: len(local)])
+        for row, visit in enumerate(stored):
+            if "logps" in visit:
+                stored_logps[row, : len(visit["logps"])] = visit["logps"]
+        drift = logprob_drift(stored_logps, logps_now[: len(local)], mask[: len(local)])
+        drift = torch.where(first_visit, torch.zeros_like(drift), drift)
+        visits = [
+            {**own, "logps": logps_now[len(local) + row, : len(own["completion_ids"])].clone()}
+            for row, own in enumerate(local)
+        ]
+        device = self.accelerator.device
+        return {
+            "drift": self.accelerator.gather(drift.to(device)).cpu(),
+            "first_visit": self.accelerator.gather(first_visit.to(device)).cpu(),
+            "visits": gather_object(visits),
+        }
+
+    def _close_pending_visit(self, pending: dict, tracker: VisitValueTracker, visit_store: dict) -> dict:
+        """SPO's KL-adaptive update of `tracker` and `visit_store` for a pending round (collective); returns the
+        round's scorable `drift`, `rho` and `first_visit`."""
+        closed = self._measure_pending_visit(pending, visit_store)
+        scorable = pending["scorable"]
+        drift = closed["drift"][scorable]
+        rho = kl_adaptive_rho(
+            drift, d_half=self.args.value_kl_half, rho_min=self.args.value_rho_min, rho_max=self.args.value_rho_max
         )
-        return self.accelerator.gather(rho_local)[pending["scorable"]].double().cpu()
+        keys = [key for key, ok in zip(pending["keys"], scorable.tolist(), strict=True) if ok]
+        tracker.observe(keys, pending["outcomes"][scorable], rho)
+        # A prompt seen twice in one round keeps its last completion, as the reference does.
+        for key, visit, ok in zip(pending["keys"], closed["visits"], scorable.tolist(), strict=True):
+            if ok:
+                visit_store[key] = visit
+        return {"drift": drift, "rho": rho, "first_visit": closed["first_visit"][scorable]}
 
     def _observe_pending_visit(self) -> None:
         """SPO's KL-adaptive rho: the last round's outcomes enter the tracker after the updates that used it."""
         pending, self._pending_visit = self._pending_visit, None
         if pending is None:
             return
-        rho = self._pending_visit_rho(pending)
-        self._value_tracker.observe(pending["keys"], pending["outcomes"], rho)
-        if rho.numel():
-            self._metrics["train"]["value/rho_mean"].append(rho.mean().item())
+        closed = self._close_pending_visit(pending, self._value_tracker, self._visit_store)
+        if closed["rho"].numel():
+            metrics = self._metrics["train"]
+            metrics["value/rho_mean"].append(closed["rho"].mean().item())
+            metrics["value/kl_drift"].append(closed["drift"].mean().item())
+            unclipped = torch.exp2(-closed["drift"] / self.args.value_kl_half)
+            metrics["value/rho_clip_frac"].append((unclipped != closed["rho"]).double().mean().item())
+            metrics["value/first_visit_frac"].append(closed["first_visit"].double().mean().item())
         self._refresh_priorities()
 
-    def _log_tracker_metrics(self, dispatch_values: torch.Tensor) -> None:
+    def _log_tracker_metrics(self, keys: list[str], dispatch_values: torch.Tensor) -> None:
+        """Per round: the dispatched prompts' mean value, effective evidence alpha + beta (the reference's
+        `spo/Neff`) and visits so far, and the tracker's size."""
         metrics = self._metrics["train"]
         metrics["value/mean"].append(dispatch_values.mean().item())
+        if isinstance(self._value_tracker, EventValueTracker):
+            alpha, beta = self._value_tracker.pseudo_counts(keys, self._value_event)
+        else:
+            alpha, beta = self._value_tracker.pseudo_counts(keys)
+        metrics["value/alpha_plus_beta"].append((alpha + beta).mean().item())
+        metrics["value/visits_per_prompt"].append(self._value_tracker.visits(keys).double().mean().item())
         metrics["value/tracked_prompts"].append(float(self._value_tracker.num_tracked))
         if self.args.value_rho_mode == "constant":
             metrics["value/rho_mean"].append(self.args.value_rho)
@@ -488,15 +630,21 @@ class ASPOTrainer(GRPOTrainer):
         by_match = None
         if enumerable and self.args.prompt_id_column is None:
             by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
-        keys, successes, trials = read_init_counts(path, self.args.prompt_id_column, by_match)
+        records = read_init_records(path, self.args.prompt_id_column, by_match)
         try:
-            self._value_tracker.init_from_counts(
-                keys, successes, trials, prior_strength=self.args.value_prior_strength
-            )
+            if records.count_keys:
+                self._value_tracker.init_from_counts(
+                    records.count_keys,
+                    records.successes,
+                    records.trials,
+                    prior_strength=self.args.value_prior_strength,
+                )
+            if records.pseudo_keys:
+                self._value_tracker.set_pseudo_counts(records.pseudo_keys, records.alphas, records.betas)
         except ValueError as error:
             raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
         if enumerable:
-            self._report_init_matches(path, keys, set(self._keys_of_rows(dataset)))
+            self._report_init_matches(path, records.count_keys + records.pseudo_keys, set(self._keys_of_rows(dataset)))
 
     def _report_init_matches(self, path: str, keys: list[str], dataset_keys: set[str]) -> None:
         """Say how many value-init records name a training prompt; refuse a file in which none does."""
@@ -671,6 +819,8 @@ class ASPOTrainer(GRPOTrainer):
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
             dual_clip=args.aspo_dual_clip,
+            dual_clip_pos=args.aspo_dual_clip_pos,
+            dual_clip_neg=args.aspo_dual_clip_neg,
             high_entropy_mask=high_entropy,
             epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
             epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,
@@ -757,7 +907,7 @@ class ASPOTrainer(GRPOTrainer):
 
     def _save_aspo_state(self, checkpoint: str) -> None:
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
-        tracker = None if self._value_tracker is None else self._checkpoint_tracker()
+        tracker, visit_store = (None, None) if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
         state = {
@@ -767,6 +917,8 @@ class ASPOTrainer(GRPOTrainer):
         }
         if tracker is not None:
             state["tracker"] = tracker.state_dict()
+        if visit_store:
+            state["visit_store"] = visit_store
         if getattr(self, "_priority_sampler", None) is not None:
             # Weights of the checkpoint's tracker (which may have closed a pending round), so the file is consistent.
             sampler = copy.deepcopy(self._priority_sampler)
@@ -783,20 +935,19 @@ class ASPOTrainer(GRPOTrainer):
         config["train_rows"] = None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
         return config
 
-    def _checkpoint_tracker(self) -> EventValueTracker | VisitValueTracker:
-        """The tracker a run resumed from this checkpoint must start from.
+    def _checkpoint_tracker(self) -> tuple[EventValueTracker | VisitValueTracker, dict]:
+        """The tracker and stored visits a run resumed from this checkpoint must start from.
 
         With KL-adaptive rho the last round's outcomes wait for the updates that use it. A resumed run starts with a
         fresh generation round, so the checkpoint closes the pending round with the current model: at a round
-        boundary this is exactly the rho the next dispatch computes (the model does not change in between). It is
-        done on a copy, so the running training is untouched."""
+        boundary this is exactly what the next dispatch computes (the model does not change in between). It is done
+        on copies (the visits dict shallowly: closing replaces entries, never mutates them), so the running training
+        is untouched."""
         if self._pending_visit is None:
-            return self._value_tracker
-        tracker = copy.deepcopy(self._value_tracker)
-        tracker.observe(
-            self._pending_visit["keys"], self._pending_visit["outcomes"], self._pending_visit_rho(self._pending_visit)
-        )
-        return tracker
+            return self._value_tracker, self._visit_store
+        tracker, visit_store = copy.deepcopy(self._value_tracker), dict(self._visit_store)
+        self._close_pending_visit(self._pending_visit, tracker, visit_store)
+        return tracker, visit_store
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -818,6 +969,7 @@ class ASPOTrainer(GRPOTrainer):
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
         self._pending_visit = None
+        self._visit_store = {} if fresh_tracker else dict(state.get("visit_store", {}))
         if self._value_tracker is not None and not fresh_tracker:
             try:
                 self._value_tracker.load_state_dict(state["tracker"])

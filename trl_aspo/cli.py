@@ -4,6 +4,8 @@
     trl-aspo train --num_processes 8 --config X.yaml                   # through `accelerate launch`
     trl-aspo train --accelerate_config zero3.yaml --config X.yaml      # DeepSpeed / FSDP via an accelerate config
     trl-aspo evaluate --model builtin:tiny-calculator [--config X.yaml] [--key value ...]
+    trl-aspo compare --config configs/experiments/NAME.yaml                # variants x seeds: figure, table, logs
+    trl-aspo plot RUN_DIR [RUN_DIR ...] [--labels ...]                   # the comparison figure of existing runs
 
 Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--multi_gpu`) must come before
 `--config`; everything else goes to the training script, whose `--help` lists every field.
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         description="ASPO / tool-position shaping / SPO++ training on top of TRL's GRPOTrainer.",
         epilog="Run `trl-aspo train --help` or `trl-aspo evaluate --help` for every option.",
     )
-    parser.add_argument("command", choices=["train", "evaluate"], help="what to run")
+    parser.add_argument("command", choices=["train", "evaluate", "compare", "plot"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -72,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         from .evaluate_cli import main as evaluate_main
 
         return evaluate_main(rest)
-    parser.error(f"unknown command {command!r}; choose 'train' or 'evaluate'")
+    if command == "compare":
+        from .experiments import compare_main
+
+        return compare_main(rest)
+    if command == "plot":
+        from .experiments import plot_main
+
+        return plot_main(rest)
+    parser.error(f"unknown command {command!r}; choose 'train', 'evaluate', 'compare' or 'plot'")
     return 2
 
 

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -483,6 +484,8 @@ def load_run(run_dir: str) -> dict:
 
 
 def compare_main(argv: list[str]) -> int:
+    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     parser = argparse.ArgumentParser(
         prog="trl-aspo compare",
         description="Train named variants x seeds from an experiment file and compare them (figure, tables, logs). "

@@ -345,6 +345,8 @@ def compare(experiment: Experiment) -> dict[str, list[dict]]:
         if initial is not None and summary.get("heldout") is not None:
             summary["heldout_initial"] = initial
         results[variant].append(summary)
+        # Rewritten after every run, so a long comparison shows its results so far.
+        write_outputs(experiment, {name: runs for name, runs in results.items() if runs}, initial, quiet=True)
     write_outputs(experiment, results, initial)
     return results
 
@@ -412,7 +414,9 @@ def _cell(mean: float, sd: float) -> str:
     return f"{mean:.3f}" if math.isnan(sd) else f"{mean:.3f} ± {sd:.3f}"
 
 
-def write_outputs(experiment: Experiment, results: dict[str, list[dict]], initial: dict | None) -> None:
+def write_outputs(
+    experiment: Experiment, results: dict[str, list[dict]], initial: dict | None, quiet: bool = False
+) -> None:
     groups = {variant: [as_plot_run(summary) for summary in runs] for variant, runs in results.items()}
     figure = plot_comparison(
         groups,
@@ -427,7 +431,8 @@ def write_outputs(experiment: Experiment, results: dict[str, list[dict]], initia
     ) + f"Seeds {experiment.seeds}; mean ± sd over seeds; completions per optimizer step: {budget}.\n"
     (experiment.output_dir / "results.md").write_text(f"{header}\n{table}\n")
     write_json(experiment.output_dir / "results.json", {"initial": initial, **numbers})
-    print(f"\n{header}\n{table}\n\nFigure {figure}; tables results.md, results.json; raw logs under runs/.")
+    if not quiet:
+        print(f"\n{header}\n{table}\n\nFigure {figure}; tables results.md, results.json; raw logs under runs/.")
 
 
 def as_plot_run(summary: dict) -> dict:

@@ -131,7 +131,9 @@ def main() -> None:
             for _ in range(args.repeats):
                 run(trainer)
             profiler.disable()
-            pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+            stats = pstats.Stats(profiler).sort_stats("cumulative")
+            stats.print_stats(25)
+            stats.print_stats("trl_aspo", 25)  # this package's own functions: the overhead over GRPOTrainer
             return
         trainers = {name: build(name, args, f"{scratch}/{index}") for index, name in enumerate(args.rows)}
         for trainer, _ in trainers.values():

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="trl-aspo",
         description="ASPO / tool-position shaping / SPO++ training on top of TRL's GRPOTrainer.",
-        epilog="Run `trl-aspo train --help` or `trl-aspo evaluate --help` for every option.",
+        epilog="Run `trl-aspo COMMAND --help` (train, evaluate, compare, plot) for every option.",
     )
     parser.add_argument("command", choices=["train", "evaluate", "compare", "plot"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):

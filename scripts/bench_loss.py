@@ -1,11 +1,15 @@
 """Benchmark the fused ASPO loss against TRL's clipped surrogate (forward + backward, masked token mean).
 
-Three variants run on the same (B, T) inputs in one process:
+The variants run on the same (B, T) inputs in one process:
 
 - ``trl surrogate``: TRL's ``coef_1 = exp(lp - old)``, ``coef_2 = clamp(coef_1, 1-el, 1+eh)``,
   ``-min(coef_1*A, coef_2*A)``, the baseline every ratio is relative to;
 - ``aspo fused``: :func:`trl_aspo.losses.asymmetric_policy_loss` (one autograd Function);
-- ``aspo plain ops``: the DESIGN.md expressions written with ordinary autograd ops, to show what the fusion saves.
+- ``aspo plain ops``: the DESIGN.md expressions written with ordinary autograd ops, to show what the fusion saves;
+- ``trl surrogate + metrics`` / ``aspo fused + metrics``: each loss together with what its trainer computes for its
+  logged metrics per micro-batch: GRPOTrainer's entropy mean and clip means (low, high, region; per-sequence min/max),
+  each read back with ``.item()``; ASPOTrainer's entropy, clip and dual-clip fractions, flipped weight and policy
+  loss, stacked and read back with one ``.tolist()`` (``ASPOTrainer._log_aspo_metrics``).
 
 Memory is reported as the tensors autograd saves for backward (counted with ``saved_tensors_hooks``, shared
 storages counted once) and, on CUDA, the peak allocated memory of one forward + backward above the inputs.
@@ -21,6 +25,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from trl.trainer.utils import nanmax, nanmin
 
 from trl_aspo.losses import aggregate_loss, asymmetric_policy_loss
 
@@ -58,10 +63,53 @@ def aspo_plain_ops(
     return (per_token_loss * mask).sum() / normalizer
 
 
+def trl_surrogate_with_metrics(
+    lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor
+) -> torch.Tensor:
+    """The surrogate and GRPOTrainer._compute_loss's metric code for loss_type dapo (one process, no KL)."""
+    coef_1 = torch.exp(lp - old)
+    coef_2 = torch.clamp(coef_1, 1 - EPS_LOW, 1 + EPS_HIGH)
+    loss = (-torch.min(coef_1 * adv, coef_2 * adv) * mask).sum() / normalizer
+    entropies = -lp.detach()
+
+    def global_masked_mean(x: torch.Tensor) -> float:
+        totals = torch.stack([(x * mask).sum(), mask.sum().float()])
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def masked_seq_mean(x: torch.Tensor) -> torch.Tensor:
+        return (x * mask).sum(-1) / mask.sum(-1)
+
+    global_masked_mean(entropies)
+    is_low = (coef_1 < 1 - EPS_LOW) & (adv < 0)
+    is_high = (coef_1 > 1 + EPS_HIGH) & (adv > 0)
+    for clipped in (is_low, is_high, is_low | is_high):
+        global_masked_mean(clipped.float())
+    nanmin(masked_seq_mean(is_low.float())).item()
+    nanmax(masked_seq_mean(is_high.float())).item()
+    loss.detach().item()  # policy_loss
+    return loss
+
+
+def aspo_fused_with_metrics(
+    lp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, normalizer: torch.Tensor
+) -> torch.Tensor:
+    """The fused loss and ASPOTrainer._log_aspo_metrics (one process, no KL)."""
+    per_token_loss, stats = asymmetric_policy_loss(lp, old, adv.squeeze(1), EPS_LOW, EPS_HIGH, DUAL_CLIP)
+    loss = aggregate_loss(per_token_loss, mask, "token", normalizer)
+    entropies = -lp.detach()
+    names = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
+    columns = [(stats[name].float() * mask).sum() for name in names]
+    columns += [(stats["flip_weight"] * mask).sum(), (entropies * mask).sum(), mask.sum().float(), loss.detach()]
+    torch.stack(columns).tolist()
+    return loss
+
+
 VARIANTS: dict[str, LossFn] = {
     "trl surrogate": trl_surrogate,
     "aspo fused": aspo_fused,
     "aspo plain ops": aspo_plain_ops,
+    "trl surrogate + metrics": trl_surrogate_with_metrics,
+    "aspo fused + metrics": aspo_fused_with_metrics,
 }
 
 
@@ -160,8 +208,12 @@ def main() -> None:
         rule += "---:|"
     print(header)
     print(rule)
+    trl_with_metrics_ms = rows["trl surrogate + metrics"][0]
     for name, (ms, fastest, count, megabytes, peak) in rows.items():
-        line = f"| {name} | {ms:.3f} | {fastest:.3f} | {ms / base_ms:.2f}x | {count} | {megabytes:.1f} |"
+        versus = f"{ms / base_ms:.2f}x"
+        if name == "aspo fused + metrics":
+            versus += f" ({ms / trl_with_metrics_ms:.2f}x trl + metrics)"
+        line = f"| {name} | {ms:.3f} | {fastest:.3f} | {versus} | {count} | {megabytes:.1f} |"
         if peak is not None:
             line += f" {peak:.1f} |"
         print(line)

@@ -354,3 +354,16 @@ def test_repetition_rate_hand_example():
     assert repetition_rate(ids, mask, n=4).item() == pytest.approx(2 / 4)
     assert repetition_rate(ids, mask, n=2).item() == pytest.approx(3 / 4)
     assert repetition_rate(ids[:, :3], mask[:, :3], n=4).item() == 0.0
+
+
+def test_repetition_rate_matches_a_per_row_count():
+    """The batched count against a plain Python count of each row's distinct valid n-grams."""
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 3, (16, 12), generator=generator)
+    mask = (torch.rand(16, 12, generator=generator) > 0.15).long()
+    for n in (1, 2, 3, 4):
+        expected = []
+        for row, row_mask in zip(ids.tolist(), mask.tolist(), strict=True):
+            grams = [tuple(row[i : i + n]) for i in range(len(row) - n + 1) if all(row_mask[i : i + n])]
+            expected.append(len(set(grams)) < len(grams))
+        assert repetition_rate(ids, mask, n=n).item() == pytest.approx(sum(expected) / len(expected))

@@ -5,6 +5,8 @@
     trl-aspo train --accelerate_config configs/accelerate/fsdp2.yaml --config X.yaml   # DeepSpeed / FSDP configs
     trl-aspo evaluate --model builtin:tiny-calculator [--config X.yaml] [--key value ...]
     trl-aspo values CHECKPOINT --output values.jsonl                   # per-prompt values of a checkpoint
+    trl-aspo compare --config configs/experiments/NAME.yaml                # variants x seeds: figure, table, logs
+    trl-aspo plot RUN_DIR [RUN_DIR ...] [--labels ...]                   # the comparison figure of existing runs
 
 Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--main_process_ip`,
 `--machine_rank`, `--num_machines`, `--mixed_precision`, `--multi_gpu`) must come before `--config`; everything else
@@ -65,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="trl-aspo",
         description="ASPO / tool-position shaping / SPO++ training on top of TRL's GRPOTrainer.",
-        epilog="Run `trl-aspo train --help`, `trl-aspo evaluate --help` or `trl-aspo values --help` for every option.",
+        epilog="Run `trl-aspo COMMAND --help` (train, evaluate, values, compare, plot) for every option.",
     )
-    parser.add_argument("command", choices=["train", "evaluate", "values"], help="what to run")
+    parser.add_argument("command", choices=["train", "evaluate", "values", "compare", "plot"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -82,7 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         from .values_cli import main as values_main
 
         return values_main(rest)
-    parser.error(f"unknown command {command!r}; choose 'train', 'evaluate' or 'values'")
+    if command == "compare":
+        from .experiments import compare_main
+
+        return compare_main(rest)
+    if command == "plot":
+        from .experiments import plot_main
+
+        return plot_main(rest)
+    parser.error(f"unknown command {command!r}; choose 'train', 'evaluate', 'values', 'compare' or 'plot'")
     return 2
 
 

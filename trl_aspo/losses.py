@@ -372,7 +372,9 @@ def repetition_rate(completion_ids: torch.Tensor, mask: torch.Tensor, n: int = 4
         return torch.zeros((), dtype=torch.float32, device=completion_ids.device)
     grams = completion_ids.unfold(1, n, 1)  # (B, T-n+1, n)
     gram_valid = mask.bool().unfold(1, n, 1).all(-1)
-    repeated = [
-        torch.unique(grams[row][gram_valid[row]], dim=0).shape[0] < int(gram_valid[row].sum()) for row in range(batch)
-    ]
-    return torch.tensor(repeated, dtype=torch.float32, device=completion_ids.device).mean()
+    # One `unique` over (row, n-gram) pairs of the whole batch instead of one per row: no per-row host sync.
+    rows = torch.arange(batch, device=completion_ids.device).unsqueeze(1).expand(-1, grams.shape[1])
+    keyed = torch.cat([rows.unsqueeze(-1), grams.long()], dim=-1)[gram_valid]  # (valid n-grams, 1 + n)
+    distinct_rows = torch.unique(keyed, dim=0)[:, 0]
+    distinct = torch.bincount(distinct_rows, minlength=batch)
+    return (distinct < gram_valid.sum(-1)).float().mean()

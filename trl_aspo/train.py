@@ -113,7 +113,15 @@ def main(argv: list[str] | None = None) -> None:
     run(script_args, training_args, model_args, dataset_args)
 
 
-def run(script_args, training_args: ASPOConfig, model_args: ModelConfig, dataset_args: DatasetMixtureConfig):
+def run(
+    script_args,
+    training_args: ASPOConfig,
+    model_args: ModelConfig,
+    dataset_args: DatasetMixtureConfig,
+    callbacks: list | None = None,
+):
+    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given."""
+    from transformers.trainer_callback import ProgressCallback
     from trl import get_peft_config
 
     from .trainer import ASPOTrainer
@@ -141,6 +149,10 @@ def run(script_args, training_args: ASPOConfig, model_args: ModelConfig, dataset
         peft_config=get_peft_config(model_args),
         tools=tools or None,
     )
+    if callbacks:
+        trainer.remove_callback(ProgressCallback)
+        for callback in callbacks:
+            trainer.add_callback(callback)
     report = None
     if script_args.evaluate_before_after:
         from .report import BeforeAfterReport
@@ -166,6 +178,7 @@ def run(script_args, training_args: ASPOConfig, model_args: ModelConfig, dataset
         path = plot_training_curves(trainer.state.log_history, training_args.output_dir)
         trainer.accelerator.print(f"Training curves saved to {path}.")
     trainer.accelerator.wait_for_everyone()
+    return trainer
 
 
 if __name__ == "__main__":

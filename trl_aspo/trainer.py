@@ -870,30 +870,33 @@ class ASPOTrainer(GRPOTrainer):
         names = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
         columns = [(stats[name].float() * mask).sum() for name in names]
         columns += [(stats["flip_weight"] * mask).sum(), (entropies.detach() * mask).sum(), mask.sum().float()]
+        columns.append(policy_loss.float())
         if per_token_kl is not None:
             columns.append((per_token_kl.detach() * mask).sum())
-        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum")
-        tokens = totals[7].clamp(min=1.0)
+        # One reduction and one device-to-host copy for every metric: each `.item()` would stall a GPU on its own.
+        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum").tolist()
+        tokens = max(totals[7], 1.0)
         metrics = self._metrics[mode]
         for index, name in enumerate(names):
-            metrics[f"aspo/{name}_frac"].append((totals[index] / tokens).item())
-        metrics["aspo/flip_weight_mean"].append((totals[5] / totals[4].clamp(min=1.0)).item())
-        entropy = (totals[6] / tokens).item()
-        metrics["entropy"].append(entropy)
-        metrics["policy_loss"].append(self.accelerator.gather(policy_loss).mean().item())
+            metrics[f"aspo/{name}_frac"].append(totals[index] / tokens)
+        metrics["aspo/flip_weight_mean"].append(totals[5] / max(totals[4], 1.0))
+        metrics["entropy"].append(totals[6] / tokens)
+        metrics["policy_loss"].append(totals[8] / self.accelerator.num_processes)
         if per_token_kl is not None:
-            metrics["kl"].append((totals[8] / tokens).item())
+            metrics["kl"].append(totals[9] / tokens)
             metrics["aspo/kl_coef"].append(self._aspo_kl_coef)
         if mode == "train" and self.args.aspo_adaptive_kl_beta is not None:
             self._update_adaptive_kl(totals[6], totals[7])
 
-    def _update_adaptive_kl(self, entropy_sum: torch.Tensor, token_count: torch.Tensor) -> None:
+    def _update_adaptive_kl(self, entropy_sum: float, token_count: float) -> None:
         """Raise the KL coefficient for the next optimizer step while the step's mean entropy is below target."""
-        window = torch.stack([entropy_sum, token_count])
-        self._aspo_entropy_window = window if self._aspo_entropy_window is None else self._aspo_entropy_window + window
+        window = (entropy_sum, token_count)
+        if self._aspo_entropy_window is not None:
+            window = (self._aspo_entropy_window[0] + entropy_sum, self._aspo_entropy_window[1] + token_count)
+        self._aspo_entropy_window = window
         if not self.accelerator.sync_gradients:
             return
-        mean_entropy = (self._aspo_entropy_window[0] / self._aspo_entropy_window[1].clamp(min=1.0)).item()
+        mean_entropy = window[0] / max(window[1], 1.0)
         low = mean_entropy < self.args.aspo_adaptive_kl_entropy_target
         self._aspo_kl_coef = self.args.aspo_adaptive_kl_beta if low else self.beta
         self._aspo_entropy_window = None

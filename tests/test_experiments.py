@@ -1,0 +1,187 @@
+"""`trl-aspo compare` (variants x seeds, resumable) and `trl-aspo plot` (any TRL run's log history)."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+
+from trl_aspo.experiments import load_experiment, mean_sd, tail_mean
+from trl_aspo.plotting import mean_and_spread
+
+BASE = """
+base:
+  model_name_or_path: builtin:tiny-random
+  dataset_name: builtin:calculator
+  builtin_train_size: 16
+  builtin_test_size: 2
+  reward_funcs: [builtin:correctness]
+  tools: [builtin:calculator]
+  max_steps: 2
+  per_device_train_batch_size: 4
+  num_generations: 2
+  max_completion_length: 12
+  max_tool_calling_iterations: 1
+  learning_rate: 1.0e-3
+  logging_steps: 1
+  save_strategy: "no"
+  report_to: none
+  use_cpu: true
+  bf16: false
+"""
+
+
+def write_experiment(tmp_path, body: str, base: str = BASE) -> str:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(textwrap.dedent(body) + textwrap.dedent(base))
+    return str(path)
+
+
+def test_compare_runs_variants_over_seeds_and_resumes(tmp_path, capsys):
+    from trl_aspo.cli import main
+
+    output = tmp_path / "cmp"
+    config = write_experiment(
+        tmp_path,
+        f"""
+        output_dir: {output}
+        seeds: [0, 1]
+        metrics: [repetition_rate, aspo/hard_clip_pos_frac]
+        evaluation: {{samples_per_problem: 1, temperature: 1.0, initial: true}}
+        variants:
+          dapo: {{loss_type: dapo}}
+          aspo: {{loss_type: aspo}}
+        """,
+    )
+    assert main(["compare", "--config", config]) == 0
+    for variant in ("dapo", "aspo"):
+        for seed in (0, 1):
+            run = output / "runs" / variant / f"seed{seed}"
+            state = json.loads((run / "trainer_state.json").read_text())
+            assert [row["step"] for row in state["log_history"] if "reward" in row] == [1, 2]
+            summary = json.loads((run / "run_summary.json").read_text())
+            assert summary["seed"] == seed and summary["config"]["loss_type"] == variant
+            assert summary["completions_per_step"] == 4
+            assert summary["heldout"]["num_problems"] == 2
+    assert (output / "comparison.png").stat().st_size > 0
+    table = (output / "results.md").read_text()
+    assert "| dapo (n=2) | aspo (n=2) |" in table
+    assert "reward-curve area" in table and "held-out accuracy" in table
+    # aspo's clip metric is tabulated for aspo and n/a for dapo, which does not log it.
+    clip_row = next(line for line in table.splitlines() if line.startswith("| aspo/hard_clip_pos_frac"))
+    assert clip_row.split("|")[3].strip() == "n/a"
+
+    # The table's reward-curve area is the mean over seeds of each run's mean logged reward.
+    results = json.loads((output / "results.json").read_text())
+    areas = []
+    for seed in (0, 1):
+        state = json.loads((output / "runs" / "aspo" / f"seed{seed}" / "trainer_state.json").read_text())
+        rewards = [row["reward"] for row in state["log_history"] if "reward" in row]
+        areas.append(sum(rewards) / len(rewards))
+    assert results["mean_sd"]["aspo"]["reward-curve area (mean training reward)"][0] == pytest.approx(sum(areas) / 2)
+
+    capsys.readouterr()
+    (output / "comparison.png").unlink()
+    assert main(["compare", "--config", config]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("finished before, skipped") == 4
+    assert (output / "comparison.png").stat().st_size > 0
+
+
+def test_compare_refuses_a_finished_run_made_with_another_config(tmp_path):
+    from trl_aspo.experiments import compare
+
+    output = tmp_path / "cmp"
+    body = f"""
+        output_dir: {output}
+        seeds: [0]
+        variants:
+          only: {{max_steps: 1}}
+        """
+    compare(load_experiment(write_experiment(tmp_path, body)))
+    changed = load_experiment(write_experiment(tmp_path, body.replace("max_steps: 1", "max_steps: 2")))
+    with pytest.raises(ValueError, match=r"different config \(keys \['max_steps'\]\)"):
+        compare(changed)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("output_dir: o\nseeds: [0]\nvariants: {a: {}}\ncolour: red\n", "unknown key 'colour' in the file"),
+        ("output_dir: o\nseeds: [0]\nvariants: {}\n", "'variants' must be a non-empty mapping"),
+        ("output_dir: o\nseeds: []\nvariants: {a: {}}\n", "'seeds' must be a non-empty list"),
+        ("output_dir: o\nseeds: [0, -1]\nvariants: {a: {}}\n", "'seeds' entry -1 is not a non-negative integer"),
+        ("output_dir: o\nseeds: [1, 1]\nvariants: {a: {}}\n", "'seeds' has a repeated seed"),
+        ("output_dir: o\nseeds: [0.5]\nvariants: {a: {}}\n", "'seeds' entry 0.5"),
+        ("seeds: [0]\nvariants: {a: {}}\n", "missing key 'output_dir'"),
+        ("output_dir: o\nseeds: [0]\nvariants: {a: {seed: 3}}\n", "key 'seed' in variant 'a'"),
+        ("output_dir: o\nseeds: [0]\nvariants: {a: {lerning_rate: 1}}\n", "variant 'a' .*lerning_rate"),
+        ("output_dir: o\nseeds: [0]\nvariants: {a: {aspo_dual_clip: 0.5}}\n", "variant 'a' .*aspo_dual_clip=0.5"),
+        ("output_dir: o\nseeds: [0]\nvariants: {a: 3}\n", "variant 'a' must be a mapping"),
+        ("output_dir: o\nseeds: [0]\nvariants: {a b: {}, a_b: {}}\n", "same folder name"),
+        (
+            "output_dir: o\nseeds: [0]\nvariants: {a: {}}\nevaluation: {samples: 2}\n",
+            "unknown key 'samples' in 'evaluation'",
+        ),
+        (
+            "output_dir: o\nseeds: [0]\nvariants: {a: {}}\nevaluation: {samples_per_problem: 0}\n",
+            "'evaluation.samples_per_problem' must be an integer >= 1",
+        ),
+    ],
+)
+def test_experiment_file_errors_name_the_key(tmp_path, body, message):
+    with pytest.raises(ValueError, match=message):
+        load_experiment(write_experiment(tmp_path, body))
+
+
+def test_plot_reads_a_plain_trl_grpo_run(tmp_path, tiny_model, tiny_tokenizer, calculator_dataset):
+    """A real GRPOTrainer run (no aspo metrics) saved by TRL itself: `plot` draws what it logged."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tests.dense_reward import digit_share_reward
+    from trl_aspo.cli import main
+    from trl_aspo.experiments import load_run
+
+    run_dir = tmp_path / "grpo"
+    args = GRPOConfig(
+        output_dir=str(run_dir),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = GRPOTrainer(
+        tiny_model, digit_share_reward, args, train_dataset=calculator_dataset, processing_class=tiny_tokenizer
+    )
+    trainer.train()
+    run = load_run(str(run_dir))  # TRL wrote trainer_state.json and training_args.bin into checkpoint-2
+    assert [row["step"] for row in run["history"] if "reward" in row] == [1, 2]
+    assert run["completions_per_step"] == 4
+    figure = tmp_path / "plot.png"
+    assert main(["plot", str(run_dir), str(run_dir), "--labels", "grpo", "grpo", "--output", str(figure)]) == 0
+    assert figure.stat().st_size > 0
+
+
+def test_plot_names_a_folder_without_a_log(tmp_path):
+    from trl_aspo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["plot", str(tmp_path)])
+
+
+def test_mean_and_spread_by_hand():
+    steps, means, spreads = mean_and_spread([{1: 1.0, 2: 2.0}, {1: 3.0, 2: 2.0, 3: 9.0}])
+    assert steps == [1, 2]  # step 3 is not logged by every run
+    assert means == [2.0, 2.0]
+    assert spreads == pytest.approx([math.sqrt(2.0), 0.0])
+    assert mean_sd([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
+    history = [{"step": s, "x": float(s)} for s in range(1, 21)] + [{"train_loss": 0.1}]
+    assert tail_mean(history, "x") == pytest.approx(19.5)  # the last 10% = the last 2 of 20 values

@@ -12,12 +12,14 @@ from .fallbacks import install_cpu_fallbacks
 from .generation import load_named_tensors, sample_completion
 from .http_transport import HTTPWeightTransfer, UrllibRolloutLoop, UrllibRolloutWorker, UrllibVLLMClient
 from .local_worker import LocalRolloutWorker, LocalWeightTransfer
+from .standin_server import StandInVLLMServer
 from .tree_attention import install_tree_attention_fallback, varlen_attention
 
 __all__ = [
     "HTTPWeightTransfer",
     "LocalRolloutWorker",
     "LocalWeightTransfer",
+    "StandInVLLMServer",
     "UrllibRolloutLoop",
     "UrllibRolloutWorker",
     "UrllibVLLMClient",

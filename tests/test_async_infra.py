@@ -16,6 +16,7 @@ from trl_aspo.async_infra import (
     UrllibVLLMClient,
     install_cpu_fallbacks,
     load_named_tensors,
+    resolve_model_path,
     sample_completion,
     varlen_attention,
 )
@@ -173,6 +174,13 @@ def test_load_named_tensors_rejects_unknown_names_and_shapes(tiny_model):
         load_named_tensors(tiny_model, [("model.norm.weight", torch.zeros(3))])
 
 
+def test_resolve_model_path_maps_the_builtin_checkpoint():
+    assert resolve_model_path("builtin:tiny-calculator") == MODEL
+    assert resolve_model_path("/some/dir") == "/some/dir"
+    with pytest.raises(ValueError, match="builtin:tiny-random"):
+        resolve_model_path("builtin:tiny-random")
+
+
 def test_local_worker_rejects_negative_jitter(tmp_path, calculator_tokenizer):
     with pytest.raises(ValueError, match="jitter_s=-1"):
         LocalRolloutWorker(
@@ -275,7 +283,7 @@ def test_jitter_delivers_samples_out_of_order_and_stale(tmp_path, calculator_tok
 
 
 def test_standin_server_answers_completions_like_vllm():
-    server = StandInVLLMServer(MODEL).start()
+    server = StandInVLLMServer("builtin:tiny-calculator").start()
     try:
         client = UrllibVLLMClient(server.url)
         client.wait_for_server_ready()

@@ -12,6 +12,7 @@ from .fallbacks import install_cpu_fallbacks
 from .generation import load_named_tensors, sample_completion
 from .http_transport import HTTPWeightTransfer, UrllibRolloutLoop, UrllibRolloutWorker, UrllibVLLMClient
 from .local_worker import LocalRolloutWorker, LocalWeightTransfer
+from .model_paths import resolve_model_path
 from .standin_server import StandInVLLMServer
 from .tree_attention import install_tree_attention_fallback, varlen_attention
 
@@ -26,6 +27,7 @@ __all__ = [
     "install_cpu_fallbacks",
     "install_tree_attention_fallback",
     "load_named_tensors",
+    "resolve_model_path",
     "sample_completion",
     "varlen_attention",
 ]

@@ -31,6 +31,7 @@ from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
 from .generation import load_named_tensors, sample_completion
+from .model_paths import resolve_model_path
 
 
 class SharedValue:
@@ -106,8 +107,8 @@ class LocalRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: TRL's rollout loop on a thread, sampling on a CPU policy copy.
 
     Args:
-        model: the path `AsyncGRPOTrainer` loads its policy from; the copy is loaded from it the same way (with
-            `args.dtype` and standard attention).
+        model: the path `AsyncGRPOTrainer` loads its policy from (or `builtin:tiny-calculator`); the copy is loaded
+            from it the same way (with `args.dtype` and standard attention).
         processing_class: the tokenizer passed to the trainer.
         train_dataset: the prompts (a `prompt` column, plus the reward functions' columns); cycled like TRL does.
         reward_funcs: the trainer's reward functions.
@@ -137,6 +138,7 @@ class LocalRolloutWorker:
         model_init_kwargs.setdefault("dtype", args.dtype)
         model_init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
         model_init_kwargs.pop("attn_implementation", None)
+        model = resolve_model_path(model)
         self.policy = create_model_from_path(model, device_map=None, attn_implementation="sdpa", **model_init_kwargs)
         self.policy.requires_grad_(False)
         self.policy_lock = threading.Lock()

@@ -28,6 +28,7 @@ from safetensors.torch import load as safetensors_load
 from trl.trainer.utils import create_model_from_path
 
 from .generation import load_named_tensors, sample_completion
+from .model_paths import resolve_model_path
 
 NCCL_ENDPOINTS = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update")
 
@@ -36,7 +37,7 @@ class StandInVLLMServer:
     """Serve the model at `model_path` on `http://host:port` (port 0 picks a free one; see `url`).
 
     Args:
-        model_path: a local model directory (`from_pretrained` format).
+        model_path: a local model directory (`from_pretrained` format) or `builtin:tiny-calculator`.
         host, port: where to listen.
         dtype: dtype the weights are held in (`float32`, `bfloat16`, `float16`).
         max_model_len: cap on prompt + completion tokens; defaults to the model's `max_position_embeddings`.
@@ -50,8 +51,8 @@ class StandInVLLMServer:
         dtype: str = "float32",
         max_model_len: int | None = None,
     ):
-        self.model_path = model_path
-        self.model = create_model_from_path(model_path, device_map=None, dtype=dtype, attn_implementation="sdpa")
+        self.model_path = resolve_model_path(model_path)
+        self.model = create_model_from_path(self.model_path, device_map=None, dtype=dtype, attn_implementation="sdpa")
         self.model.requires_grad_(False)
         self.max_model_len = max_model_len or self.model.config.max_position_embeddings
         stop_ids = self.model.generation_config.eos_token_id
@@ -196,7 +197,7 @@ def _handler_for(server: StandInVLLMServer) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m trl_aspo.async_infra.standin_server", description=__doc__)
-    parser.add_argument("--model", required=True, help="local model directory to serve")
+    parser.add_argument("--model", required=True, help="local model directory to serve, or builtin:tiny-calculator")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -8,8 +8,8 @@ exactly like TRL's worker. An optional seeded latency jitter delays every turn b
 finish out of order and samples reach the trainer several versions old, stamped with the `model_version` their
 group was started at, as TRL stamps them.
 
-`LocalWeightTransfer` implements `WeightTransferProtocol` by copying the trainer's weights into that policy copy;
-`pause`/`resume` hold the copy's lock, so no turn is sampled from half-updated weights.
+`LocalWeightTransfer` implements `WeightTransferProtocol` by copying the trainer's weights into that policy copy
+under the copy's lock, so no turn is sampled from half-updated weights.
 """
 
 from __future__ import annotations
@@ -237,8 +237,9 @@ class LocalRolloutWorker:
 class LocalWeightTransfer:
     """`WeightTransferProtocol` that copies the trainer's weights into a `LocalRolloutWorker`'s policy copy.
 
-    `pause` takes the copy's lock (a turn being sampled finishes first, as vLLM's `pause(mode="keep")` lets in-flight
-    requests keep their state) and `resume` releases it; `send_weights` copies every streamed tensor.
+    The copy happens under the copy's lock, which every sampled turn also holds: a turn is sampled wholly from the
+    old or wholly from the new weights, so `pause`/`resume` have nothing left to do (and a failed copy cannot leave
+    sampling paused).
     """
 
     def __init__(self, worker: LocalRolloutWorker):
@@ -249,14 +250,15 @@ class LocalWeightTransfer:
         """Nothing to set up: trainer and policy copy share the process."""
 
     def pause(self) -> None:
-        self.worker.policy_lock.acquire()
+        """Nothing to pause: `send_weights` is atomic with respect to sampling."""
 
     def send_weights(self, iterator: Iterator[tuple[str, torch.Tensor]]) -> None:
-        load_named_tensors(self.worker.policy, iterator)
+        with self.worker.policy_lock:
+            load_named_tensors(self.worker.policy, iterator)
         self.syncs += 1
 
     def resume(self) -> None:
-        self.worker.policy_lock.release()
+        """Nothing to resume (see `pause`)."""
 
     def destroy(self) -> None:
         """Nothing to release."""

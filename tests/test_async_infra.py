@@ -193,6 +193,14 @@ def test_local_worker_rejects_negative_jitter(tmp_path, calculator_tokenizer):
         )
 
 
+def test_local_worker_warns_when_the_trainer_autocasts_but_the_copy_samples_in_float32(
+    tmp_path, calculator_tokenizer, caplog
+):
+    dataset = make_dataset("train", 4)
+    LocalRolloutWorker(MODEL, calculator_tokenizer, dataset, correctness_reward, async_config(tmp_path, bf16=True))
+    assert "Set bf16=False and fp16=False" in caplog.text
+
+
 # Plain AsyncGRPOTrainer with the local worker
 
 

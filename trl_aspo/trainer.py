@@ -420,7 +420,7 @@ class ASPOTrainer(GRPOTrainer):
             )
         else:
             if self._whitespace_token_ids is None:
-                self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
+                self._whitespace_token_ids = resolve_whitespace_token_ids(self._tokenizer)
             stats = first_tool_call_positions(
                 output["completion_ids"],
                 output.get("tool_mask"),

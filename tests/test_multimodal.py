@@ -7,13 +7,28 @@ import copy
 
 import pytest
 import torch
-from transformers import CLIPImageProcessor, LlavaProcessor
+from datasets import Dataset
+from PIL import Image
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+)
 
 from trl_aspo import ASPOConfig, ASPOTrainer
-from trl_aspo.builtin import build_random_model
+from trl_aspo.builtin import build_model_config, build_random_model
 from trl_aspo.builtin.task import make_dataset
 from trl_aspo.checkpoint_state import load_checkpoint_state
 from trl_aspo.multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
+
+# The builtin tokenizer's Qwen2.5 template renders string contents only; this one also renders typed image parts.
+_IMAGE_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for c in m.content %}{% if c.type == 'image' %}<image>{% else %}{{ c.text }}{% endif %}{% endfor %}"
+    "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def _zero_reward(completions, **kwargs):
@@ -25,9 +40,24 @@ def llava_processor(tiny_tokenizer):
     tokenizer = copy.deepcopy(tiny_tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     image_processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    # 16 x 16 images in 4 x 4 patches: 16 <image> tokens per image, as many features as the tiny model's CLIP yields.
     return LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=4, chat_template=tokenizer.chat_template
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=4, chat_template=_IMAGE_CHAT_TEMPLATE
     )
+
+
+def _tiny_llava(processor, seed=0):
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=4
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=build_model_config(processor.tokenizer),
+        image_token_index=processor.tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-1,
+    )
+    torch.manual_seed(seed)
+    return LlavaForConditionalGeneration(config)
 
 
 def _trainer(processor, tmp_path, **overrides) -> ASPOTrainer:
@@ -235,3 +265,66 @@ def test_kl_adaptive_rho_refuses_a_layout_it_cannot_split_per_sample(llava_proce
     }
     with pytest.raises(ValueError, match=rf"value_rho_mode='kl'.*`{field}`"):
         trainer._snapshot_for_kl_rho(output, ["a", "b"], torch.tensor([0.0, 1.0]), torch.tensor([True, True]))
+
+
+def _completion_logps(model, visit, pixel_values, temperature):
+    """Log-probs of a stored completion's tokens under `model`, one sample alone, with the given images."""
+    prompt, completion = visit["prompt_ids"].long(), visit["completion_ids"].long()
+    ids = torch.cat([prompt, completion])[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids, pixel_values=pixel_values).logits[0, len(prompt) - 1 : ids.size(1) - 1]
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, completion[:, None]).squeeze(-1)
+
+
+def test_kl_adaptive_rho_trains_a_vision_language_model_with_each_visits_own_images(llava_processor, tmp_path):
+    """Real TRL training of a tiny LLaVA with KL-adaptive rho (every round holds both prompts). The checkpoint closes
+    the last round with the final model, so each saved visit's log-probs must equal that model's log-probs of its
+    completion computed alone with its own image, and differ with another prompt's image."""
+    generator = torch.Generator().manual_seed(0)
+    images = [Image.fromarray((torch.rand(16, 16, 3, generator=generator) * 255).byte().numpy()) for _ in range(2)]
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"q{i}"}]}] for i in range(2)
+            ],
+            "image": images,
+            "prompt_id": ["p0", "p1"],
+        }
+    )
+    model = _tiny_llava(llava_processor)
+    args = ASPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        num_generations=1,
+        max_completion_length=4,
+        max_steps=3,
+        save_steps=3,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        learning_rate=1e-2,
+        advantage_estimator="spo",
+        value_rho_mode="kl",
+        prompt_id_column="prompt_id",
+    )
+    trainer = ASPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **kwargs: [float(i % 2) for i in range(len(completions))]],
+        args=args,
+        train_dataset=dataset,
+        processing_class=llava_processor,
+    )
+    trainer.train()
+    drifts = [log["value/kl_drift"] for log in trainer.state.log_history if "value/kl_drift" in log]
+    # Step 2 closes round 1 (first visits); step 3 closes round 2, which revisited both prompts after an update.
+    assert drifts[0] == 0 and drifts[1] > 0
+    saved = load_checkpoint_state(str(tmp_path / "checkpoint-3"))["visit_store"]
+    assert set(saved) == {"p0", "p1"}
+    for key, other in (("p0", "p1"), ("p1", "p0")):
+        visit = saved[key]
+        assert visit["multimodal"]["num_images"] == 1
+        own = _completion_logps(trainer.model, visit, visit["multimodal"]["pixel_values"], args.temperature)
+        torch.testing.assert_close(visit["logps"], own, atol=1e-5, rtol=1e-5)
+        swapped = _completion_logps(trainer.model, visit, saved[other]["multimodal"]["pixel_values"], args.temperature)
+        assert (swapped - own).abs().max() > 1e-3

@@ -39,6 +39,7 @@ from .losses import (
     repetition_rate,
     unflipped_sample_mask,
 )
+from .multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_id_key, prompt_key, prompt_keys, prompt_match_key
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
@@ -419,7 +420,7 @@ class ASPOTrainer(GRPOTrainer):
             )
         else:
             if self._whitespace_token_ids is None:
-                self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
+                self._whitespace_token_ids = resolve_whitespace_token_ids(self._tokenizer)
             stats = first_tool_call_positions(
                 output["completion_ids"],
                 output.get("tool_mask"),
@@ -492,19 +493,24 @@ class ASPOTrainer(GRPOTrainer):
     def _snapshot_for_kl_rho(self, output, keys, outcomes, scorable) -> dict:
         """This round's visit, held until the updates that use it are done: the gathered keys, outcomes and scorable
         flags, and each local completion trimmed to its own tokens (prompt without padding, completion up to its
-        last token, action mask) on CPU."""
+        last token, action mask) on CPU, with its own multimodal inputs under `multimodal` for a vision-language
+        model (the whole round's images would not match the rows of a later, mixed batch)."""
         completion_mask = output["completion_mask"]
         action_mask = completion_mask * output.get("tool_mask", 1)
+        lengths = [
+            int(row_mask.nonzero().max()) + 1 if row_mask.any() else 0 for row_mask in completion_mask.unbind(0)
+        ]
+        multimodal = split_multimodal_inputs(output, output["prompt_mask"], lengths)
         completions = []
-        for row in range(completion_mask.size(0)):
-            length = int(completion_mask[row].nonzero().max()) + 1 if completion_mask[row].any() else 0
-            completions.append(
-                {
-                    "prompt_ids": output["prompt_ids"][row][output["prompt_mask"][row].bool()].to("cpu", torch.int32),
-                    "completion_ids": output["completion_ids"][row, :length].to("cpu", torch.int32),
-                    "action_mask": action_mask[row, :length].to("cpu", torch.bool),
-                }
-            )
+        for row, length in enumerate(lengths):
+            completion = {
+                "prompt_ids": output["prompt_ids"][row][output["prompt_mask"][row].bool()].to("cpu", torch.int32),
+                "completion_ids": output["completion_ids"][row, :length].to("cpu", torch.int32),
+                "action_mask": action_mask[row, :length].to("cpu", torch.bool),
+            }
+            if multimodal[row]:
+                completion["multimodal"] = multimodal[row]
+            completions.append(completion)
         start = self.accelerator.process_index * len(completions)
         return {
             "keys": list(keys),
@@ -519,7 +525,8 @@ class ASPOTrainer(GRPOTrainer):
         """Current-policy log-probs of stored visits' completion tokens, (n, T) float32 on CPU, and their action masks.
 
         Each row is prompt + completion from position 0, right-padded: the log-probs do not depend on which other
-        visits share the batch (left padding would shift the positions)."""
+        visits share the batch (left padding would shift the positions). Each visit brings its own multimodal inputs,
+        batched in row order."""
         lengths = [len(v["prompt_ids"]) + len(v["completion_ids"]) for v in visits]
         width = max(lengths)
         input_ids = torch.zeros(len(visits), width, dtype=torch.long)
@@ -528,12 +535,14 @@ class ASPOTrainer(GRPOTrainer):
             input_ids[row, : lengths[row]] = torch.cat([visit["prompt_ids"], visit["completion_ids"]]).long()
             attention_mask[row, : lengths[row]] = 1
         device = self.accelerator.device
+        multimodal = batch_multimodal_inputs([visit.get("multimodal", {}) for visit in visits], width)
         logps, _, _ = self._get_per_token_logps_and_entropies(
             self.model,
             input_ids.to(device),
             attention_mask.to(device),
             width - 1,
             batch_size=self.args.per_device_train_batch_size,
+            **{key: value.to(device) if torch.is_tensor(value) else value for key, value in multimodal.items()},
         )
         # logps[:, j] is the log-prob of token j + 1.
         completion_width = max(1, max(len(v["completion_ids"]) for v in visits))

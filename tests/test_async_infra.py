@@ -1,0 +1,345 @@
+"""CPU infrastructure for TRL's AsyncGRPOTrainer: local worker, tree-attention fallback, stand-in vLLM server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trl_aspo.async_infra import (
+    HTTPWeightTransfer,
+    LocalRolloutWorker,
+    LocalWeightTransfer,
+    StandInVLLMServer,
+    UrllibRolloutWorker,
+    UrllibVLLMClient,
+    install_cpu_fallbacks,
+    load_named_tensors,
+    resolve_model_path,
+    sample_completion,
+    varlen_attention,
+)
+from trl_aspo.async_infra.http_transport import http_request
+from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+
+MODEL = str(CHECKPOINT_DIR)
+
+
+@pytest.fixture(scope="module")
+def calculator_tokenizer():
+    from trl.chat_template_utils import add_response_schema
+
+    return add_response_schema(load_tokenizer(CHECKPOINT_DIR))
+
+
+def async_config(tmp_path, **overrides):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    fields = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=3,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        token_budget=0,
+        max_staleness=2,
+        max_tool_calling_iterations=1,
+    )
+    fields.update(overrides)
+    return AsyncGRPOConfig(**fields)
+
+
+def parameters_of(model) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def same_parameters(model, snapshot: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(param, snapshot[name]) for name, param in model.named_parameters())
+
+
+# Tree-attention fallback
+
+
+def test_varlen_attention_single_segment_equals_causal_sdpa():
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(5, 4, 8, generator=generator) for _ in range(3))
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), is_causal=True
+    ).transpose(0, 1)
+    torch.testing.assert_close(varlen_attention(query, key, value, cu, cu), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_varlen_attention_aligns_a_short_segment_to_the_end_of_its_path():
+    """One query after a 2-token path sees all 3 keys: uniform scores (zero queries) average the 3 values."""
+    query = torch.zeros(1, 1, 2)
+    key = torch.randn(3, 1, 2)
+    value = torch.tensor([[[1.0, 0.0]], [[0.0, 3.0]], [[2.0, 6.0]]])
+    out = varlen_attention(query, key, value, torch.tensor([0, 1]), torch.tensor([0, 3]))
+    torch.testing.assert_close(out, torch.tensor([[[1.0, 3.0]]]))
+
+
+def test_varlen_attention_rejects_heads_that_do_not_group():
+    query, key = torch.zeros(2, 3, 4), torch.zeros(2, 2, 4)
+    with pytest.raises(ValueError, match="3 heads, not a multiple of the 2"):
+        varlen_attention(query, key, key, torch.tensor([0, 2]), torch.tensor([0, 2]))
+
+
+def test_tree_attention_fallback_matches_unpacked_log_probs(tiny_model):
+    """Packed trie forward (TRL's tree attention on the fallback) == each sample forwarded alone with SDPA."""
+    from trl.experimental.async_grpo import packing
+
+    install_cpu_fallbacks()
+    packing.register_tree_attention()
+    assert packing._flash_attn().flash_attn_varlen_func is varlen_attention
+    prompt = [11, 12, 13, 14, 15]
+    samples = [
+        ([*prompt, 21, 22, 23], [0, 0, 0, 0, 0, 1, 1, 1]),
+        ([*prompt, 21, 24], [0, 0, 0, 0, 0, 1, 1]),
+        ([*prompt, 31, 32, 33, 34], [0, 0, 0, 0, 0, 1, 1, 1, 1]),
+        ([40, 41, 42], [0, 1, 1]),
+    ]
+    row = packing.TreeRow()
+    for ids, mask in samples:
+        row.add(
+            {
+                "input_ids": torch.tensor(ids),
+                "completion_mask": torch.tensor(mask),
+                "old_log_probs": torch.zeros(len(ids)),
+                "advantage": 0.0,
+                "group_id": 0,
+            }
+        )
+    packed = row.pack()
+    assert len(packed["input_ids"]) < sum(len(ids) for ids, _ in samples)  # the prompt is shared
+
+    tiny_model.eval()
+    tiny_model.set_attn_implementation(packing.TREE_ATTENTION)
+    with torch.no_grad():
+        logits = tiny_model(
+            input_ids=packed["input_ids"][None],
+            position_ids=packed["position_ids"][None],
+            tree_kv_index=packed["tree_kv_index"],
+            tree_cu_seqlens_q=packed["tree_cu_seqlens_q"],
+            tree_cu_seqlens_k=packed["tree_cu_seqlens_k"],
+            tree_max_seqlen_q=int(packed["tree_max_seqlens"][0]),
+            tree_max_seqlen_k=int(packed["tree_max_seqlens"][1]),
+        ).logits[0]
+    targets = [ids[p] for ids, mask in samples for p in range(1, len(ids)) if mask[p]]
+    packed_log_probs = torch.log_softmax(logits[packed["token_index"]], -1)[torch.arange(len(targets)), targets]
+
+    tiny_model.set_attn_implementation("sdpa")
+    unpacked = []
+    with torch.no_grad():
+        for ids, mask in samples:
+            log_probs = torch.log_softmax(tiny_model(input_ids=torch.tensor([ids])).logits[0], -1)
+            unpacked += [log_probs[p - 1, ids[p]] for p in range(1, len(ids)) if mask[p]]
+    torch.testing.assert_close(packed_log_probs, torch.stack(unpacked), atol=1e-5, rtol=0)
+
+
+# Local sampling
+
+
+def test_sample_completion_log_probs_are_the_temperature_scaled_policy(tiny_model):
+    prompt = [5, 6, 7]
+    generator = torch.Generator().manual_seed(0)
+    tokens, log_probs = sample_completion(
+        tiny_model, prompt, max_tokens=6, eos_token_ids=[], temperature=0.7, generator=generator
+    )
+    assert len(tokens) == 6
+    with torch.no_grad():
+        logits = tiny_model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits / 0.7, -1)[torch.arange(6), tokens]
+    torch.testing.assert_close(torch.tensor(log_probs), expected, atol=1e-5, rtol=0)
+
+
+def test_sample_completion_rejects_zero_temperature(tiny_model):
+    with pytest.raises(ValueError, match="temperature=0"):
+        sample_completion(tiny_model, [1, 2], max_tokens=2, eos_token_ids=[], temperature=0)
+
+
+def test_load_named_tensors_rejects_unknown_names_and_shapes(tiny_model):
+    with pytest.raises(KeyError, match="no_such.weight"):
+        load_named_tensors(tiny_model, [("no_such.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        load_named_tensors(tiny_model, [("model.norm.weight", torch.zeros(3))])
+
+
+def test_resolve_model_path_maps_the_builtin_checkpoint():
+    assert resolve_model_path("builtin:tiny-calculator") == MODEL
+    assert resolve_model_path("/some/dir") == "/some/dir"
+    with pytest.raises(ValueError, match="builtin:tiny-random"):
+        resolve_model_path("builtin:tiny-random")
+
+
+def test_local_worker_rejects_negative_jitter(tmp_path, calculator_tokenizer):
+    with pytest.raises(ValueError, match="jitter_s=-1"):
+        LocalRolloutWorker(
+            MODEL,
+            calculator_tokenizer,
+            make_dataset("train", 4),
+            correctness_reward,
+            async_config(tmp_path),
+            jitter_s=-1,
+        )
+
+
+# Plain AsyncGRPOTrainer with the local worker
+
+
+def make_local_trainer(tmp_path, tokenizer, callbacks=None, jitter_s=0.0, **overrides):
+    from dense_reward import digit_share_reward
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    install_cpu_fallbacks()
+    args = async_config(tmp_path, **overrides)
+    dataset = make_dataset("train", 32, seed=0)
+    reward_funcs = [correctness_reward, digit_share_reward]
+    worker = LocalRolloutWorker(
+        MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], jitter_s=jitter_s, seed=0
+    )
+    transfer = LocalWeightTransfer(worker)
+    trainer = AsyncGRPOTrainer(
+        MODEL,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=transfer,
+    )
+    return trainer, worker, transfer
+
+
+@pytest.mark.slow
+def test_plain_async_grpo_trains_with_the_local_worker_on_the_builtin_task(tmp_path, calculator_tokenizer):
+    from transformers import TrainerCallback
+
+    class CheckPolicyCopy(TrainerCallback):
+        """At step k (before its sync) the copy must hold the weights synced at the end of step k-1."""
+
+        def __init__(self):
+            self.previous = None
+            self.checked = 0
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            assert same_parameters(worker.policy, self.previous)
+            self.previous = parameters_of(model)
+            self.checked += 1
+
+    check = CheckPolicyCopy()
+    trainer, worker, transfer = make_local_trainer(tmp_path, calculator_tokenizer, callbacks=[check])
+    check.previous = parameters_of(trainer.model)
+    before = parameters_of(trainer.model)
+    trainer.train()
+
+    assert check.checked == 3
+    assert transfer.syncs == 4  # the cold sync at train begin, then one per step
+    assert same_parameters(worker.policy, parameters_of(trainer.model))
+    assert not same_parameters(trainer.model, before)
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+    calls = sum(log.get("tools/calculator/call_total", 0) for log in trainer.state.log_history)
+    assert calls > 0  # TRL's multi-turn tool loop ran the built-in calculator
+
+
+@pytest.mark.slow
+def test_jitter_delivers_samples_out_of_order_and_stale(tmp_path, calculator_tokenizer):
+    trainer, worker, _ = make_local_trainer(
+        tmp_path, calculator_tokenizer, jitter_s=0.3, num_generations=2, max_steps=4, max_staleness=1
+    )
+    arrivals = []  # (group_id, the sample's model_version, the trainer's version when it arrived)
+    take = worker.rollout_buffer.get
+
+    def recording_get(*args, **kwargs):
+        sample = take(*args, **kwargs)
+        arrivals.append((sample.group_id, sample.model_version, trainer.model_version))
+        return sample
+
+    worker.rollout_buffer.get = recording_get
+    trainer.train()
+
+    group_order = list(dict.fromkeys(group for group, _, _ in arrivals))
+    assert group_order != sorted(group_order)  # groups finished out of dispatch order
+    staleness = [now - stamped for _, stamped, now in arrivals]
+    assert all(value >= 0 for value in staleness)
+    assert max(staleness) >= 1  # some samples were generated by an older policy than the one they trained
+    consumed = [log["sample/staleness_max"] for log in trainer.state.log_history if "sample/staleness_max" in log]
+    assert max(consumed) <= 1  # TRL drops what is older than max_staleness
+
+
+# TRL's own worker process against the stand-in server
+
+
+def test_standin_server_answers_completions_like_vllm():
+    server = StandInVLLMServer("builtin:tiny-calculator").start()
+    try:
+        client = UrllibVLLMClient(server.url)
+        client.wait_for_server_ready()
+        assert client.get_max_model_len() == 512
+        assert client.get_dtype() == "torch.float32"
+        client.pause()
+        assert not server.running.is_set()
+        client.resume()
+        assert server.running.is_set()
+        request = {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 1.0, "n": 1, "seed": 3, "logprobs": 0}
+        choice = http_request(f"{server.url}/v1/completions", method="POST", json_body=request)["choices"][0]
+        again = http_request(f"{server.url}/v1/completions", method="POST", json_body=request)["choices"][0]
+        assert choice["token_ids"] == again["token_ids"]  # the request's seed fixes the sample
+        tokens = choice["token_ids"]
+        with torch.no_grad():
+            logits = server.model(input_ids=torch.tensor([[5, 6, 7, *tokens]])).logits[0, 2:-1]
+        expected = torch.log_softmax(logits, -1)[torch.arange(len(tokens)), tokens]
+        torch.testing.assert_close(torch.tensor(choice["logprobs"]["token_logprobs"]), expected, atol=1e-5, rtol=0)
+        with pytest.raises(RuntimeError, match="400.*non-empty list of token ids"):
+            http_request(f"{server.url}/v1/completions", method="POST", json_body={"prompt": "text"})
+        with pytest.raises(RuntimeError, match="501.*load_weights"):
+            http_request(f"{server.url}/update_weights", method="POST", json_body={})
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_trl_worker_process_trains_against_the_standin_server(tmp_path, calculator_tokenizer):
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    install_cpu_fallbacks()
+    server = StandInVLLMServer(MODEL).start()
+    try:
+        args = async_config(
+            tmp_path,
+            vllm_server_base_url=server.url,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_steps=2,
+            max_inflight_tasks=4,
+        )
+        trainer = AsyncGRPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=make_dataset("train", 16, seed=0),
+            processing_class=calculator_tokenizer,
+            tools=[calculator],
+            weight_transfer=HTTPWeightTransfer(server.url),
+        )
+        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)  # TRL's spawned worker, urllib transport
+        trainer.train()
+    finally:
+        server.stop()
+    assert server.weight_loads == 3
+    assert same_parameters(server.model, parameters_of(trainer.model))
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    assert trainer.rollout_worker._process is None  # the child was stopped at train end

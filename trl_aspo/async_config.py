@@ -19,6 +19,7 @@ ASYNC_LOSS_TYPES = ("ppo", "aspo")
 
 _NOT_YET = "the asynchronous trainer does not implement it yet"
 ASYNC_UNSUPPORTED_FIELDS = {
+    "aspo_aggregation": f"'sequence' aggregation over packed rows: {_NOT_YET}",
     "aspo_entropy_quantile": f"entropy-split clipping: {_NOT_YET}",
     "aspo_epsilon_high_entropy": f"entropy-split clipping: {_NOT_YET}",
     "aspo_flip_threshold_start": f"progressive flip: {_NOT_YET}",

@@ -112,10 +112,10 @@ class NoWeightTransfer:
         pass
 
 
-def scripted_samples(tokenizer, versions, groups_of=2, seed=0):
+def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None):
     """One `RolloutSample` per entry of `versions` (its model version), `groups_of` consecutive samples per prompt:
     built-in task prompts, random completions whose generator log-probs are the starting policy's plus noise (so the
-    ratio is off 1, as for a stale sample), and rewards in [0, 1]."""
+    ratio is off 1, as for a stale sample), and rewards in [0, 1]. `prompt_rows` picks each sample's dataset row."""
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
@@ -124,7 +124,7 @@ def scripted_samples(tokenizer, versions, groups_of=2, seed=0):
     dataset = make_dataset("train", len(versions), seed=seed)
     samples = []
     for index, version in enumerate(versions):
-        prompt = dataset[index // groups_of]["prompt"]
+        prompt = dataset[index // groups_of if prompt_rows is None else prompt_rows[index]]["prompt"]
         prompt_ids = tokenizer.apply_chat_template(
             prompt, add_generation_prompt=True, tokenize=True, return_dict=False
         )
@@ -234,3 +234,50 @@ def test_trainer_refuses_a_plain_async_grpo_config(tmp_path, tokenizer):
 
     with pytest.raises(TypeError, match="AsyncASPOTrainer needs an AsyncASPOConfig as `args`, got AsyncGRPOConfig"):
         AsyncASPOTrainer(MODEL, reward_funcs=correctness_reward, args=AsyncGRPOConfig(**base_fields(tmp_path)))
+
+
+def test_event_time_advantages_of_out_of_order_stale_samples(tmp_path, tokenizer):
+    """Samples of three prompts arrive with versions out of order; each step's advantages are R - v(x, z) from the
+    outcomes of earlier steps with z_i < z (written out below), normalized under the action-token measure."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    versions = [1, 0, 1, 0, 2, 0, 1, 2, 3, 1, 2, 3, 3, 4, 2, 4]
+    rows = [0, 1, 0, 2, 0, 1, 2, 1, 0, 0, 2, 1, 2, 0, 1, 2]
+    samples = scripted_samples(tokenizer, versions, prompt_rows=rows)
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=3, num_generations=1, max_staleness=10),
+        advantage_estimator="spo++",
+        value_rho=0.5,
+    )
+    trainer = scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples)
+    scored = []
+    score_step = trainer._score_step
+
+    def recording_score_step(step_samples):
+        scored.append((list(step_samples), score_step(step_samples)))
+        return scored[-1][1]
+
+    trainer._score_step = recording_score_step
+    trainer.train()
+
+    index_of = {id(sample): index for index, sample in enumerate(samples)}
+    assert [index_of[id(sample)] for step, _ in scored for sample in step] == list(range(4 * len(scored)))
+    seen, entry = {}, {}  # row -> [(z, R)] observed in earlier steps; row -> earliest version scored
+    for step, advantages in scored:
+        for sample, row in zip(step, (rows[index_of[id(s)]] for s in step), strict=True):
+            entry[row] = min(entry.get(row, sample.model_version), sample.model_version)
+        raw = []
+        for sample in step:
+            row, z = rows[index_of[id(sample)]], sample.model_version
+            visible = [(zi, r) for zi, r in seen.get(row, []) if zi < z]
+            alpha = 0.5 ** (z - entry[row]) * 0.5 + sum(0.5 ** (z - zi) * r for zi, r in visible)
+            beta = 0.5 ** (z - entry[row]) * 0.5 + sum(0.5 ** (z - zi) * (1 - r) for zi, r in visible)
+            raw.append(sample.metrics["reward"] - alpha / (alpha + beta))
+        for sample in step:
+            seen.setdefault(rows[index_of[id(sample)]], []).append((sample.model_version, sample.metrics["reward"]))
+        counts = [int(sample.completion_mask.sum()) for sample in step]
+        mu = sum(c * a for c, a in zip(counts, raw, strict=True)) / sum(counts)
+        sigma = (sum(c * (a - mu) ** 2 for c, a in zip(counts, raw, strict=True)) / (sum(counts) - 1)) ** 0.5
+        expected = torch.tensor([(a - mu) / (sigma + 1e-8) for a in raw], dtype=torch.float64)
+        torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-9)
+    assert len(scored) >= 3

@@ -281,3 +281,49 @@ def test_event_time_advantages_of_out_of_order_stale_samples(tmp_path, tokenizer
         expected = torch.tensor([(a - mu) / (sigma + 1e-8) for a in raw], dtype=torch.float64)
         torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-9)
     assert len(scored) >= 3
+
+
+def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.checkpoint_state import load_checkpoint_state
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(24)], prompt_rows=[i % 5 for i in range(24)])
+
+    def config(max_steps):
+        fields = base_fields(tmp_path, max_steps=max_steps, num_generations=1, save_strategy="steps", save_steps=2)
+        return AsyncASPOConfig(**fields, advantage_estimator="spo++")
+
+    first = scripted_trainer(AsyncASPOTrainer, config(2), tokenizer, samples)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    saved = load_checkpoint_state(str(checkpoint))["tracker"]
+    assert saved == first._scorer.tracker.state_dict() and first._scorer.tracker.num_tracked == 5
+
+    resumed = scripted_trainer(AsyncASPOTrainer, config(3), tokenizer, samples[12:])
+    at_first_score = []
+    score_step = resumed._score_step
+
+    def recording_score_step(step_samples):
+        if not at_first_score:
+            at_first_score.append(resumed._scorer.tracker.state_dict())
+        return score_step(step_samples)
+
+    resumed._score_step = recording_score_step
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert at_first_score == [saved]
+    assert resumed._scorer.tracker.visits(["unused"]).tolist() == [0]
+    assert sum(resumed._scorer.tracker.state_dict()["visits"].values()) > sum(saved["visits"].values())
+
+
+def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(16)])
+    plain = base_fields(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    scripted_trainer(AsyncASPOTrainer, AsyncASPOConfig(**plain), tokenizer, samples).train()
+    fields = base_fields(tmp_path, max_steps=3, num_generations=1)
+    resumed = scripted_trainer(
+        AsyncASPOTrainer, AsyncASPOConfig(**fields, advantage_estimator="spo++"), tokenizer, samples
+    )
+    with pytest.raises(ValueError, match="checkpoint-2 holds no trl-aspo state .* advantage_estimator='spo\\+\\+'"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))

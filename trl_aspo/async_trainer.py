@@ -7,6 +7,7 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
 - `StepScoringDataset` sits between TRL's `RolloutQueueDataset` (after its staleness drop) and its fixed-count
   batcher; it takes one optimizer step's samples and replaces their advantages with `single_stream.StepScorer`'s
   (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
+- The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
   the generator's log-probs as the old policy.
 
@@ -19,6 +20,8 @@ import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
+from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .event_values import AsyncEventValues
 from .losses import asymmetric_policy_loss
 from .prompt_ids import prompt_key
 from .single_stream import StepScorer
@@ -131,6 +134,41 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         action = mask[start:].unsqueeze(0)
         positions, *_ = first_tool_call_positions(ids, action, torch.ones_like(action), self._call_token_ids)
         return positions[0]
+
+    # ---------------------------------------------------------------- checkpoints
+    def _save_rng_state(self, output_dir: str) -> None:
+        # The smallest hook of `Trainer._save_checkpoint` run inside the new checkpoint before trainer_state.json
+        # marks it complete (as ASPOTrainer). The tracker lives on the main process, which scores every rank's samples.
+        super()._save_rng_state(output_dir)
+        if self._scorer.tracker is not None and self.accelerator.is_main_process:
+            state = {
+                "value_event": int(self.model_version),
+                "aspo_kl_coef": 0.0,
+                "tracker": self._scorer.tracker.state_dict(),
+                "config": {"advantage_estimator": self.args.advantage_estimator, "value_rho": self.args.value_rho},
+            }
+            save_checkpoint_state(output_dir, state)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self._scorer.tracker is None:
+            return
+        if checkpoint_state_file(checkpoint) is None:
+            raise ValueError(
+                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}), so the value tracker of advantage_estimator="
+                f"{self.args.advantage_estimator!r} cannot be resumed: resume from a checkpoint AsyncASPOTrainer "
+                "saved with this estimator, or start a new run."
+            )
+        state = load_checkpoint_state(checkpoint)
+        try:
+            self._scorer.tracker.load_state_dict(state["tracker"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"checkpoint state {checkpoint_state_file(checkpoint)} holds no value tracker that "
+                f"advantage_estimator={self.args.advantage_estimator!r} can resume: {type(error).__name__}: {error}"
+            ) from None
+        if isinstance(self._scorer.tracker, AsyncEventValues):
+            self._scorer.tracker.rho = self.args.value_rho  # a changed value_rho applies from the resume on
 
     # ---------------------------------------------------------------- asymmetric loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

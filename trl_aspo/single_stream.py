@@ -22,7 +22,6 @@ of outcomes visible to each sample (trl_aspo.event_values).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -180,9 +179,3 @@ class StepScorer:
             torch.isclose(advantages, torch.zeros_like(advantages), atol=1e-6).double().mean().item()
         )
         return ScoredBatch(advantages=advantages, metrics=metrics)
-
-    def state_dict(self) -> dict[str, Any] | None:
-        return None if self.tracker is None else self.tracker.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tracker.load_state_dict(state)

@@ -50,15 +50,12 @@ def _type_name(hint) -> str:
 
 
 def aspo_field_types() -> dict[str, list[str]]:
-    """For each field ASPOConfig adds to GRPOConfig, the names of the types its annotation allows ('float', 'None',
-    'list[float]', ...), read with `typing.get_type_hints` (dataclass annotations are strings here, and
-    `HfArgumentParser` rewrites `Field.type`)."""
-    hints = typing.get_type_hints(ASPOConfig)
-    grpo = {config_field.name for config_field in fields(GRPOConfig)}
+    """For each field trl-aspo adds (the fields of `ASPOFieldsMixin`, shared by `ASPOConfig` and `AsyncASPOConfig`),
+    the names of the types its annotation allows ('float', 'None', 'list[float]', ...), read with
+    `typing.get_type_hints` (dataclass annotations are strings here, and `HfArgumentParser` rewrites `Field.type`)."""
+    hints = typing.get_type_hints(ASPOFieldsMixin)
     types = {}
-    for config_field in fields(ASPOConfig):
-        if config_field.name in grpo:
-            continue
+    for config_field in fields(ASPOFieldsMixin):
         hint = hints[config_field.name]
         union = typing.get_origin(hint) in (typing.Union, types_module.UnionType)
         types[config_field.name] = [_type_name(arg) for arg in (typing.get_args(hint) if union else (hint,))]
@@ -73,16 +70,17 @@ class _SingleCompletion(int):
 
 
 @dataclass
-class ASPOConfig(GRPOConfig):
-    r"""
-    Configuration for [`ASPOTrainer`]: every [`~trl.GRPOConfig`] field, plus the fields below.
+class ASPOFieldsMixin:
+    """The fields trl-aspo adds and their validation, defined once for both trainers: [`ASPOConfig`] (on TRL's
+    `GRPOConfig`) and [`AsyncASPOConfig`] (on TRL's experimental `AsyncGRPOConfig`).
 
-    Asymmetric importance-sampling loss (Wang et al. 2025, arXiv 2510.06062), selected with `loss_type="aspo"`;
-    `epsilon` / `epsilon_high` keep their TRL meaning (hard-clip offsets below / above 1).
-    Tool-position advantage shaping (Lin & Xu 2025, arXiv 2508.19201), switched on with `tool_shaping=True`.
-    Single-stream value tracking (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870), selected with
-    `advantage_estimator="spo"` or `"spo++"`; with these, `num_generations=1` is allowed.
+    A config class lists in `_unsupported_fields` the fields its trainer cannot honour yet (name -> why); setting
+    one away from its default is refused with a message naming it. `_validate_loss_coupling` and
+    `_validate_reward_aggregation` check the couplings with fields of the TRL base config, which differ between
+    the two.
     """
+
+    _unsupported_fields = {}
 
     # --- Asymmetric IS loss -------------------------------------------------------------------------------------
     aspo_dual_clip: float = field(
@@ -365,34 +363,6 @@ class ASPOConfig(GRPOConfig):
         },
     )
 
-    def __post_init__(self):
-        self._validate_aspo_fields()
-        single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
-        if single_stream:
-            # GRPOConfig refuses num_generations < 2 because its group baseline needs two samples; the tracker
-            # does not. A 1 that passes that one comparison keeps every divisibility check exact.
-            self.num_generations = _SingleCompletion(1)
-        try:
-            super().__post_init__()
-        finally:
-            if single_stream:
-                self.num_generations = 1
-                self.num_generations_eval = self.num_generations_eval or 1
-        self._warn_on_policy_aspo()
-
-    def _warn_on_policy_aspo(self) -> None:
-        """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
-        on_policy = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
-        if self.loss_type == "aspo" and on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
-            warnings.warn(
-                "ASPOConfig.loss_type='aspo' with num_iterations=1 and steps_per_generation == "
-                "gradient_accumulation_steps: every optimizer step is on-policy (ratio 1), where the flip changes "
-                "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
-                "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
-                UserWarning,
-                stacklevel=4,
-            )
-
     def _check_field_types(self) -> None:
         """Type-check every field ASPOConfig adds against its annotation, before any range check compares values:
         values from YAML arrive unconverted (a number for a list, a list for a number, 1 for true)."""
@@ -405,14 +375,20 @@ class ASPOConfig(GRPOConfig):
                 continue  # an annotation this table does not know: the field's own checks apply
             if not any(accepts(value) for accepts, _ in checks):
                 allowed = " or ".join([what for _, what in checks] + (["None"] * ("None" in alternatives)))
-                raise ValueError(f"ASPOConfig.{name}={value!r} is invalid: must be {allowed}.")
+                raise ValueError(f"{type(self).__name__}.{name}={value!r} is invalid: must be {allowed}.")
 
     def _validate_aspo_fields(self) -> None:
         def require(condition: bool, name: str, allowed: str) -> None:
             if not condition:
-                raise ValueError(f"ASPOConfig.{name}={getattr(self, name)!r} is invalid: {allowed}.")
+                raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: {allowed}.")
 
         self._check_field_types()
+        for name, reason in self._unsupported_fields.items():
+            require(
+                getattr(self, name) == self.__dataclass_fields__[name].default,
+                name,
+                f"{reason}; remove it (default {self.__dataclass_fields__[name].default!r})",
+            )
         require(
             self.num_generations is None
             or (isinstance(self.num_generations, int) and not isinstance(self.num_generations, bool))
@@ -467,17 +443,7 @@ class ASPOConfig(GRPOConfig):
                 f"needs beta > 0 (got beta={self.beta}) and must be >= beta",
             )
         require(self.aspo_adaptive_kl_entropy_target > 0, "aspo_adaptive_kl_entropy_target", "must be > 0")
-        if self.loss_type == "aspo":
-            require(
-                self.importance_sampling_level == "token",
-                "importance_sampling_level",
-                "must be 'token' with loss_type='aspo' (the flip acts on per-token ratios)",
-            )
-            require(
-                self.entropy_coef == 0 and not self.use_adaptive_entropy,
-                "entropy_coef",
-                "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
-            )
+        self._validate_loss_coupling(require)
 
         require(
             not (self.filter_zero_variance_groups and self.advantage_estimator != "group"),
@@ -507,8 +473,8 @@ class ASPOConfig(GRPOConfig):
                 re.compile(self.tool_call_pattern)
             except re.error as error:
                 raise ValueError(
-                    f"ASPOConfig.tool_call_pattern={self.tool_call_pattern!r} is not a valid regular expression: "
-                    f"{error}."
+                    f"{type(self).__name__}.tool_call_pattern={self.tool_call_pattern!r} is not a valid regular "
+                    f"expression: {error}."
                 ) from None
         require(self.tool_shaping_interactive_bonus >= 0, "tool_shaping_interactive_bonus", "must be >= 0")
 
@@ -539,17 +505,7 @@ class ASPOConfig(GRPOConfig):
             "the group baseline needs at least 2 completions per prompt; num_generations=1 requires "
             "advantage_estimator='spo' or 'spo++'",
         )
-        require(
-            not (self.multi_objective_aggregation == "normalize_then_sum" and self.advantage_normalization != "group"),
-            "multi_objective_aggregation",
-            f"'normalize_then_sum' is TRL's group scaling; advantage_normalization={self.advantage_normalization!r} "
-            "rescales the summed reward instead, so use 'sum_then_normalize' or advantage_normalization='group'",
-        )
-        require(
-            not (single_stream and self.multi_objective_aggregation != "sum_then_normalize"),
-            "multi_objective_aggregation",
-            "the value tracker learns the weighted total reward, so it must be 'sum_then_normalize'",
-        )
+        self._validate_reward_aggregation(require, single_stream)
         require(finite(self.value_rho) and 0 < self.value_rho <= 1, "value_rho", "must lie in (0, 1]")
         require(self.value_rho_mode in VALUE_RHO_MODES, "value_rho_mode", f"must be one of {VALUE_RHO_MODES}")
         require(
@@ -600,3 +556,78 @@ class ASPOConfig(GRPOConfig):
             "priorities come from the value tracker, so it needs advantage_estimator='spo' or 'spo++'",
         )
         require(finite(self.priority_epsilon) and self.priority_epsilon > 0, "priority_epsilon", "must be > 0")
+
+    def _validate_loss_coupling(self, require) -> None:
+        """Checks between `loss_type='aspo'` and loss fields of the TRL base config."""
+        raise NotImplementedError
+
+    def _validate_reward_aggregation(self, require, single_stream: bool) -> None:
+        """Checks between the baseline and how the TRL base config combines several reward functions."""
+        raise NotImplementedError
+
+
+@dataclass
+class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
+    r"""
+    Configuration for [`ASPOTrainer`]: every [`~trl.GRPOConfig`] field, plus the fields below.
+
+    Asymmetric importance-sampling loss (Wang et al. 2025, arXiv 2510.06062), selected with `loss_type="aspo"`;
+    `epsilon` / `epsilon_high` keep their TRL meaning (hard-clip offsets below / above 1).
+    Tool-position advantage shaping (Lin & Xu 2025, arXiv 2508.19201), switched on with `tool_shaping=True`.
+    Single-stream value tracking (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870), selected with
+    `advantage_estimator="spo"` or `"spo++"`; with these, `num_generations=1` is allowed.
+    """
+
+    def __post_init__(self):
+        self._validate_aspo_fields()
+        single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
+        if single_stream:
+            # GRPOConfig refuses num_generations < 2 because its group baseline needs two samples; the tracker
+            # does not. A 1 that passes that one comparison keeps every divisibility check exact.
+            self.num_generations = _SingleCompletion(1)
+        try:
+            super().__post_init__()
+        finally:
+            if single_stream:
+                self.num_generations = 1
+                self.num_generations_eval = self.num_generations_eval or 1
+        self._warn_on_policy_aspo()
+
+    def _warn_on_policy_aspo(self) -> None:
+        """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
+        on_policy = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
+        if self.loss_type == "aspo" and on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
+            warnings.warn(
+                "ASPOConfig.loss_type='aspo' with num_iterations=1 and steps_per_generation == "
+                "gradient_accumulation_steps: every optimizer step is on-policy (ratio 1), where the flip changes "
+                "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
+                "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def _validate_loss_coupling(self, require) -> None:
+        if self.loss_type == "aspo":
+            require(
+                self.importance_sampling_level == "token",
+                "importance_sampling_level",
+                "must be 'token' with loss_type='aspo' (the flip acts on per-token ratios)",
+            )
+            require(
+                self.entropy_coef == 0 and not self.use_adaptive_entropy,
+                "entropy_coef",
+                "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
+            )
+
+    def _validate_reward_aggregation(self, require, single_stream: bool) -> None:
+        require(
+            not (self.multi_objective_aggregation == "normalize_then_sum" and self.advantage_normalization != "group"),
+            "multi_objective_aggregation",
+            f"'normalize_then_sum' is TRL's group scaling; advantage_normalization={self.advantage_normalization!r} "
+            "rescales the summed reward instead, so use 'sum_then_normalize' or advantage_normalization='group'",
+        )
+        require(
+            not (single_stream and self.multi_objective_aggregation != "sum_then_normalize"),
+            "multi_objective_aggregation",
+            "the value tracker learns the weighted total reward, so it must be 'sum_then_normalize'",
+        )

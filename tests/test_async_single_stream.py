@@ -1,0 +1,143 @@
+"""StepScorer: trainer-side scoring of one optimizer step's samples (baseline, normalization, tool shaping)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from trl_aspo.async_config import AsyncASPOConfig
+from trl_aspo.prompt_ids import prompt_key
+from trl_aspo.single_stream import StepScorer
+
+# (prompt key, model version, reward, action tokens, group id), per optimizer step, in a canonical order.
+STEPS = [
+    [("x", 0, 1.0, 4, 0), ("x", 0, 0.0, 6, 0), ("y", 0, 1.0, 3, 1), ("x", 1, 1.0, 5, 2)],
+    [("x", 1, 0.0, 2, 3), ("y", 2, 1.0, 7, 4), ("x", 2, 1.0, 4, 5), ("y", 1, 0.0, 3, 6)],
+    [("x", 3, 1.0, 4, 7), ("y", 3, 0.0, 5, 8), ("x", 2, 0.0, 3, 9)],
+]
+
+
+def config(tmp_path, **overrides):
+    return AsyncASPOConfig(output_dir=str(tmp_path), use_cpu=True, token_budget=0, **overrides)
+
+
+def score_step(scorer, step, worker_advantages=None, reward_std=None, tool_positions=None):
+    size = len(step)
+    return scorer.score(
+        keys=[s[0] for s in step],
+        rewards=torch.tensor([s[2] for s in step], dtype=torch.float64),
+        versions=[s[1] for s in step],
+        token_counts=torch.tensor([s[3] for s in step]),
+        group_ids=torch.tensor([s[4] for s in step]),
+        worker_advantages=torch.zeros(size) if worker_advantages is None else worker_advantages,
+        worker_reward_std=torch.zeros(size) if reward_std is None else reward_std,
+        tool_positions=tool_positions,
+    )
+
+
+def run(tmp_path, estimator, seed):
+    """Advantages of every sample, in canonical order, when each step's samples arrive in a shuffled order."""
+    scorer = StepScorer(config(tmp_path, advantage_estimator=estimator, num_generations=1))
+    rng = random.Random(seed)
+    out = []
+    for step in STEPS:
+        order = list(range(len(step)))
+        rng.shuffle(order)
+        advantages = score_step(scorer, [step[i] for i in order]).advantages
+        canonical = torch.empty_like(advantages)
+        canonical[order] = advantages
+        out.append(canonical)
+    return torch.cat(out)
+
+
+def test_spo_plus_plus_is_invariant_to_arrival_order_and_spo_is_not(tmp_path):
+    spo_pp = [run(tmp_path, "spo++", seed) for seed in range(4)]
+    for other in spo_pp[1:]:
+        torch.testing.assert_close(other, spo_pp[0], rtol=0, atol=1e-9)
+    spo = [run(tmp_path, "spo", seed) for seed in range(4)]
+    assert any((other - spo[0]).abs().max() > 1e-3 for other in spo[1:])
+
+
+def test_spo_plus_plus_values_by_hand(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_rho=0.5))
+    scorer.baseline(
+        ["x", "x", "y", "x"], torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 0, 1], torch.zeros(4), torch.zeros(4)
+    )
+    advantages, metrics = scorer.baseline(["x", "x"], torch.tensor([0.0, 1.0]), [1, 2], torch.zeros(2), torch.zeros(2))
+    # x at z=1 sees the two version-0 outcomes: alpha = .5*.5 + .5*1 + .5*0 = .75, beta = .25 + 0 + .5 = .75 -> v = .5
+    # x at z=2 also sees the version-1 outcome (1.0) of step 1: alpha = .25*.5 + .25 + .5 = .875,
+    # beta = .125 + .25 = .375 -> v = .7; its batch-mate at z=1 (0.0) is observed only after scoring
+    torch.testing.assert_close(advantages, torch.tensor([-0.5, 1 - 0.7], dtype=torch.float64))
+    assert metrics["value/tracked_prompts"] == 2.0
+
+
+def test_token_normalization_and_single_completion_advantages_are_nonzero(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    result = score_step(scorer, STEPS[0])
+    # Step 0: every value is the prior 0.5 except x at z=1, which sees x's two z=0 outcomes (mean 0.5): A = R - 0.5.
+    raw = torch.tensor([0.5, -0.5, 0.5, 0.5], dtype=torch.float64)
+    counts = torch.tensor([4.0, 6.0, 3.0, 5.0], dtype=torch.float64)
+    mu = (counts * raw).sum() / counts.sum()
+    sigma = ((counts * (raw - mu) ** 2).sum() / (counts.sum() - 1)).sqrt()
+    torch.testing.assert_close(result.advantages, (raw - mu) / (sigma + 1e-8))
+    assert (counts * result.advantages).sum().abs() < 1e-9
+    assert result.metrics["zero_advantage_share"] == 0.0
+
+
+def test_group_baseline_rescales_the_worker_z_score_for_batch_normalization(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_normalization="batch", num_generations=2))
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # groups {0, 1} and {2, 3}
+    std = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    z_scores = torch.tensor([0.5, -0.5, 0.0, 0.0]) / (std + 1e-8)
+    step = [("a", 0, 1.0, 3, 0), ("a", 0, 0.0, 3, 0), ("b", 0, 1.0, 3, 1), ("b", 0, 1.0, 3, 1)]
+    result = score_step(scorer, step, worker_advantages=z_scores, reward_std=std)
+    centered = rewards - torch.tensor([0.5, 0.5, 1.0, 1.0], dtype=torch.float64)
+    expected = (centered - centered.mean()) / (centered.std() + 1e-8)
+    torch.testing.assert_close(result.advantages, expected)
+
+
+def test_unscorable_samples_get_zero_and_are_not_observed(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo", num_generations=1))
+    step = [("x", 0, float("nan"), 3, 0), ("x", 0, 1.0, 3, 1), ("y", 0, 0.0, 3, 2)]
+    result = score_step(scorer, step)
+    assert result.advantages[0] == 0.0
+    assert scorer.tracker.visits(["x", "y"]).tolist() == [1, 1]
+
+
+def test_tool_shaping_over_the_step_with_one_completion_per_prompt(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, tool_shaping=True))
+    step = [("a", 0, 1.0, 10, 0), ("b", 0, 1.0, 10, 1), ("c", 0, 0.0, 10, 2)]
+    plain = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    base = score_step(plain, step).advantages
+    result = score_step(scorer, step, tool_positions=torch.tensor([2, 6, 1]))
+    # Eligible: a and b (correct, with a call); mean position 4, mean length 10: b_i = -2 (p - 4) / 10 = -+0.4,
+    # clipped to 0.7 |A|. Across groups: one completion per prompt makes the step one group.
+    bias = torch.tensor([0.4, -0.4, 0.0], dtype=torch.float64)
+    bound = 0.7 * base.abs()
+    torch.testing.assert_close(result.advantages, base + torch.maximum(torch.minimum(bias, bound), -bound))
+    assert result.metrics["shaping/eligible_frac"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="tool_shaping needs the position"):
+        score_step(scorer, step)
+
+
+def test_rewards_outside_unit_range_are_refused_or_mapped(tmp_path):
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    with pytest.raises(ValueError, match=r"needs total rewards in \[0, 1\]; got 2.0. Set value_reward_range"):
+        score_step(scorer, [("x", 0, 2.0, 3, 0)])
+    mapped = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_reward_range=[0, 2]))
+    # Mapped rewards 1 and 0 against the prior 0.5: A = +-0.5; token measure with L = 3, 3: sigma^2 = 1.5 / 5
+    assert score_step(mapped, [("x", 0, 2.0, 3, 0), ("y", 0, 0.0, 3, 1)]).advantages.tolist() == pytest.approx(
+        [0.5 / 0.3**0.5, -0.5 / 0.3**0.5], abs=1e-6
+    )
+
+
+def test_value_init_file_sets_priors(tmp_path):
+    init = tmp_path / "init.jsonl"
+    key = prompt_key([{"role": "user", "content": "hi"}])
+    init.write_text(json.dumps({"prompt_id": key, "alpha": 3.0, "beta": 1.0}) + "\n")
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_init_file=str(init)))
+    advantages, _ = scorer.baseline([key], torch.tensor([1.0]), [0], torch.zeros(1), torch.zeros(1))
+    assert advantages.tolist() == pytest.approx([0.25])

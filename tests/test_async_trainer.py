@@ -1,0 +1,329 @@
+"""AsyncASPOTrainer on the local rollout worker (CPU): drop-in equivalence, single-stream scoring, the aspo loss."""
+
+from __future__ import annotations
+
+import math
+import queue
+
+import numpy as np
+import pytest
+import torch
+
+from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+
+MODEL = str(CHECKPOINT_DIR)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from trl.chat_template_utils import add_response_schema
+
+    return add_response_schema(load_tokenizer(CHECKPOINT_DIR))
+
+
+def base_fields(tmp_path, **overrides):
+    fields = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=16,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        token_budget=0,
+        max_staleness=2,
+        max_tool_calling_iterations=1,
+        max_inflight_tasks=1,
+    )
+    fields.update(overrides)
+    return fields
+
+
+def make_trainer(trainer_class, args, tokenizer, jitter_s=0.0):
+    from dense_reward import digit_share_reward
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 32, seed=0)
+    reward_funcs = [correctness_reward, digit_share_reward]
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], jitter_s=jitter_s)
+    return trainer_class(
+        MODEL,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+
+
+def losses(trainer):
+    return [log["loss"] for log in trainer.state.log_history if "loss" in log]
+
+
+def parameters(model):
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+class ScriptedWorker:
+    """`RolloutWorkerProtocol` replaying fixed samples: both trainers of a comparison see exactly the same stream."""
+
+    def __init__(self, samples):
+        self.rollout_buffer, self.metrics_queue = queue.Queue(), queue.Queue()
+        for sample in samples:
+            self.rollout_buffer.put(sample)
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def update_model_version(self, model_version):
+        pass
+
+    def check_health(self, stale_after_s):
+        pass
+
+
+class NoWeightTransfer:
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        for _ in iterator:
+            pass
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None):
+    """One `RolloutSample` per entry of `versions` (its model version), `groups_of` consecutive samples per prompt:
+    built-in task prompts, random completions whose generator log-probs are the starting policy's plus noise (so the
+    ratio is off 1, as for a stale sample), and rewards in [0, 1]. `prompt_rows` picks each sample's dataset row."""
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    policy = AutoModelForCausalLM.from_pretrained(MODEL)
+    generator = torch.Generator().manual_seed(seed)
+    dataset = make_dataset("train", len(versions), seed=seed)
+    samples = []
+    for index, version in enumerate(versions):
+        prompt = dataset[index // groups_of if prompt_rows is None else prompt_rows[index]]["prompt"]
+        prompt_ids = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        length = int(torch.randint(3, 9, (1,), generator=generator))
+        completion = torch.randint(5, tokenizer.vocab_size - 5, (length,), generator=generator).tolist()
+        ids = torch.tensor([list(prompt_ids) + completion])
+        with torch.no_grad():
+            logps = policy(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
+        noise = 0.3 * torch.randn(length, generator=generator)
+        samples.append(
+            RolloutSample(
+                prompt=prompt,
+                completion=[{"role": "assistant", "content": tokenizer.decode(completion)}],
+                input_ids=ids[0].numpy(),
+                completion_mask=np.asarray([0] * len(prompt_ids) + [1] * length, dtype=np.int64),
+                old_log_probs=np.asarray(
+                    [0.0] * len(prompt_ids) + (logps[-length:] + noise).tolist(), dtype=np.float32
+                ),
+                advantage=float(torch.randn(1, generator=generator)),
+                model_version=version,
+                group_id=index // groups_of,
+                metrics={"reward": float(torch.rand(1, generator=generator)), "reward_std": 0.25},
+            )
+        )
+    return samples
+
+
+def scripted_trainer(trainer_class, args, tokenizer, samples):
+    install_cpu_fallbacks()
+    return trainer_class(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=make_dataset("train", 8, seed=0),
+        processing_class=tokenizer,
+        rollout_worker=ScriptedWorker(samples),
+        weight_transfer=NoWeightTransfer(),
+    )
+
+
+def test_everything_off_computes_what_async_grpo_computes(tmp_path, tokenizer):
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(24)])  # one version per step
+    runs = []
+    for trainer_class, config_class in ((AsyncGRPOTrainer, AsyncGRPOConfig), (AsyncASPOTrainer, AsyncASPOConfig)):
+        trainer = scripted_trainer(
+            trainer_class, config_class(**base_fields(tmp_path, max_steps=3)), tokenizer, samples
+        )
+        trainer.train()
+        runs.append((losses(trainer), parameters(trainer.model)))
+    (plain_losses, plain_parameters), (aspo_losses, aspo_parameters) = runs
+    assert len(plain_losses) == 3 and all(loss != 0 for loss in plain_losses)
+    assert aspo_losses == plain_losses
+    for name, value in plain_parameters.items():
+        torch.testing.assert_close(aspo_parameters[name], value, rtol=0, atol=0, msg=name)
+
+
+def test_single_completion_spo_plus_plus_with_aspo_loss_and_shaping_trains(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=3, num_generations=1),
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        tool_shaping=True,
+        value_reward_range=[0.0, 2.0],  # correctness + digit share
+    )
+    trainer = make_trainer(AsyncASPOTrainer, args, tokenizer, jitter_s=0.05)
+    scored, trained = [], []
+    score_step, compute_loss = trainer._score_step, trainer.compute_loss
+
+    def recording_score_step(samples):
+        advantages = score_step(samples)
+        scored.append(advantages)
+        return advantages
+
+    def recording_compute_loss(model, inputs, *args, **kwargs):
+        selected = inputs["token_index"] >= 0
+        trained.append(inputs["advantages"][selected].detach().clone())
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer._score_step, trainer.compute_loss = recording_score_step, recording_compute_loss
+    before = parameters(trainer.model)
+    trainer.train()
+
+    assert any(bool((step != 0).any()) for step in scored)  # one completion per prompt, yet a signal
+    assert all(step.numel() == 4 for step in scored)  # one optimizer step's samples at a time
+    # Each trained token carries its sample's scored advantage (float32 in the packed batch).
+    scored_values = torch.cat(scored).float()
+    for step in trained:
+        assert bool(torch.isclose(step.unsqueeze(1), scored_values.unsqueeze(0), atol=1e-6).any(1).all())
+    assert any(not torch.equal(value, before[name]) for name, value in parameters(trainer.model).items())
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert len(logs) == 3 and all(math.isfinite(log["loss"]) for log in logs)
+    for key in ("aspo/flipped_frac", "aspo/flip_weight_mean", "value/mean", "zero_advantage_share", "policy_loss"):
+        assert key in logs[0]
+    assert trainer._scorer.tracker.num_tracked > 0
+
+
+def test_trainer_refuses_a_plain_async_grpo_config(tmp_path, tokenizer):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from trl_aspo import AsyncASPOTrainer
+
+    with pytest.raises(TypeError, match="AsyncASPOTrainer needs an AsyncASPOConfig as `args`, got AsyncGRPOConfig"):
+        AsyncASPOTrainer(MODEL, reward_funcs=correctness_reward, args=AsyncGRPOConfig(**base_fields(tmp_path)))
+
+
+def test_event_time_advantages_of_out_of_order_stale_samples(tmp_path, tokenizer):
+    """Samples of three prompts arrive with versions out of order; each step's advantages are R - v(x, z) from the
+    outcomes of earlier steps with z_i < z (written out below), normalized under the action-token measure."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    versions = [1, 0, 1, 0, 2, 0, 1, 2, 3, 1, 2, 3, 3, 4, 2, 4]
+    rows = [0, 1, 0, 2, 0, 1, 2, 1, 0, 0, 2, 1, 2, 0, 1, 2]
+    samples = scripted_samples(tokenizer, versions, prompt_rows=rows)
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=3, num_generations=1, max_staleness=10),
+        advantage_estimator="spo++",
+        value_rho=0.5,
+    )
+    trainer = scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples)
+    scored = []
+    score_step = trainer._score_step
+
+    def recording_score_step(step_samples):
+        scored.append((list(step_samples), score_step(step_samples)))
+        return scored[-1][1]
+
+    trainer._score_step = recording_score_step
+    trainer.train()
+
+    index_of = {id(sample): index for index, sample in enumerate(samples)}
+    assert [index_of[id(sample)] for step, _ in scored for sample in step] == list(range(4 * len(scored)))
+    seen, entry = {}, {}  # row -> [(z, R)] observed in earlier steps; row -> earliest version scored
+    for step, advantages in scored:
+        for sample, row in zip(step, (rows[index_of[id(s)]] for s in step), strict=True):
+            entry[row] = min(entry.get(row, sample.model_version), sample.model_version)
+        raw = []
+        for sample in step:
+            row, z = rows[index_of[id(sample)]], sample.model_version
+            visible = [(zi, r) for zi, r in seen.get(row, []) if zi < z]
+            alpha = 0.5 ** (z - entry[row]) * 0.5 + sum(0.5 ** (z - zi) * r for zi, r in visible)
+            beta = 0.5 ** (z - entry[row]) * 0.5 + sum(0.5 ** (z - zi) * (1 - r) for zi, r in visible)
+            raw.append(sample.metrics["reward"] - alpha / (alpha + beta))
+        for sample in step:
+            seen.setdefault(rows[index_of[id(sample)]], []).append((sample.model_version, sample.metrics["reward"]))
+        counts = [int(sample.completion_mask.sum()) for sample in step]
+        mu = sum(c * a for c, a in zip(counts, raw, strict=True)) / sum(counts)
+        sigma = (sum(c * (a - mu) ** 2 for c, a in zip(counts, raw, strict=True)) / (sum(counts) - 1)) ** 0.5
+        expected = torch.tensor([(a - mu) / (sigma + 1e-8) for a in raw], dtype=torch.float64)
+        torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-9)
+    assert len(scored) >= 3
+
+
+def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.checkpoint_state import load_checkpoint_state
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(24)], prompt_rows=[i % 5 for i in range(24)])
+
+    def config(max_steps):
+        fields = base_fields(tmp_path, max_steps=max_steps, num_generations=1, save_strategy="steps", save_steps=2)
+        return AsyncASPOConfig(**fields, advantage_estimator="spo++")
+
+    first = scripted_trainer(AsyncASPOTrainer, config(2), tokenizer, samples)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    saved = load_checkpoint_state(str(checkpoint))["tracker"]
+    assert saved == first._scorer.tracker.state_dict() and first._scorer.tracker.num_tracked == 5
+
+    resumed = scripted_trainer(AsyncASPOTrainer, config(3), tokenizer, samples[12:])
+    at_first_score = []
+    score_step = resumed._score_step
+
+    def recording_score_step(step_samples):
+        if not at_first_score:
+            at_first_score.append(resumed._scorer.tracker.state_dict())
+        return score_step(step_samples)
+
+    resumed._score_step = recording_score_step
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert at_first_score == [saved]
+    assert resumed._scorer.tracker.visits(["unused"]).tolist() == [0]
+    assert sum(resumed._scorer.tracker.state_dict()["visits"].values()) > sum(saved["visits"].values())
+
+
+def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(16)])
+    plain = base_fields(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    scripted_trainer(AsyncASPOTrainer, AsyncASPOConfig(**plain), tokenizer, samples).train()
+    fields = base_fields(tmp_path, max_steps=3, num_generations=1)
+    resumed = scripted_trainer(
+        AsyncASPOTrainer, AsyncASPOConfig(**fields, advantage_estimator="spo++"), tokenizer, samples
+    )
+    with pytest.raises(ValueError, match="checkpoint-2 holds no trl-aspo state .* advantage_estimator='spo\\+\\+'"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))

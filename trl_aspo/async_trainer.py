@@ -1,0 +1,220 @@
+"""`AsyncASPOTrainer`: TRL's experimental `AsyncGRPOTrainer` with the asymmetric loss, single-stream value tracking
+and tool shaping (DESIGN.md section 4).
+
+The rollout worker sees one prompt group at a time, so everything that needs more than a group is done here, on the
+main process, which holds every rank's samples (TRL dispatches batches from it):
+
+- `StepScoringDataset` sits between TRL's `RolloutQueueDataset` (after its staleness drop) and its fixed-count
+  batcher; it takes one optimizer step's samples and replaces their advantages with `single_stream.StepScorer`'s
+  (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
+- The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
+- `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
+  the generator's log-probs as the old policy.
+
+With every new field at its default the trainer is `AsyncGRPOTrainer`: no scoring layer, TRL's loss.
+"""
+
+from __future__ import annotations
+
+import torch
+from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+from .async_config import AsyncASPOConfig
+from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .event_values import AsyncEventValues
+from .losses import asymmetric_policy_loss
+from .prompt_ids import prompt_key
+from .single_stream import StepScorer
+from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
+
+ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
+
+
+class _RecordingQueue:
+    """The rollout queue, remembering the last sample taken: TRL's dataset yields each kept sample right after
+    taking it, so the sample behind a yielded item (its prompt, reward, `model_version`) is the last one taken."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.last = None
+
+    def get(self, *args, **kwargs):
+        self.last = self.queue.get(*args, **kwargs)
+        return self.last
+
+    def qsize(self) -> int:
+        return self.queue.qsize()
+
+
+class StepScoringDataset(torch.utils.data.IterableDataset):
+    """Yields TRL's rollout items one optimizer step (`step_size` samples) at a time, with the trainer's advantages.
+
+    The step's samples are taken together, so TRL's staleness check sees them all at the same model version."""
+
+    def __init__(self, dataset, recorder: _RecordingQueue, trainer: AsyncASPOTrainer, step_size: int):
+        self.dataset = dataset
+        self.recorder = recorder
+        self.trainer = trainer
+        self.step_size = step_size
+
+    def __iter__(self):
+        pending = []
+        for item in self.dataset:
+            pending.append((item, self.recorder.last))
+            if len(pending) < self.step_size:
+                continue
+            advantages = self.trainer._score_step([sample for _, sample in pending])
+            for (item, _), advantage in zip(pending, advantages.tolist(), strict=True):
+                yield {**item, "advantage": advantage}
+            pending = []
+
+
+class AsyncASPOTrainer(AsyncGRPOTrainer):
+    """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
+
+    def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
+        if args is None:
+            args = AsyncASPOConfig(f"{model.split('/')[-1]}-AsyncASPO")
+        if not isinstance(args, AsyncASPOConfig):
+            raise TypeError(
+                f"AsyncASPOTrainer needs an AsyncASPOConfig as `args`, got {type(args).__name__}; AsyncASPOConfig "
+                "takes every AsyncGRPOConfig field."
+            )
+        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        self._scorer = StepScorer(self.args)
+        self._call_token_ids = (
+            resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
+        )
+
+    # ---------------------------------------------------------------- trainer-side scoring
+    def get_train_dataloader(self):
+        """TRL's dataloader; with trainer-side scoring, its fixed-count batcher reads `StepScoringDataset` (the
+        only hook: TRL builds the rollout dataset and the batcher inside this method)."""
+        if not self.args.scores_on_trainer or not self.accelerator.is_main_process:
+            return super().get_train_dataloader()
+        recorder = _RecordingQueue(self.rollout_queue)
+        self.rollout_queue = recorder
+        try:
+            dataloader = super().get_train_dataloader()
+        finally:
+            self.rollout_queue = recorder.queue
+        batcher = dataloader.dataset
+        step_size = self.args.per_device_train_batch_size * self.accelerator.num_processes
+        step_size *= self.args.gradient_accumulation_steps
+        batcher.dataset = StepScoringDataset(batcher.dataset, recorder, self, step_size)
+        return dataloader
+
+    def _score_step(self, samples) -> torch.Tensor:
+        """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
+        masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
+        tool_positions = None
+        if self.args.tool_shaping:
+            tool_positions = torch.stack([self._first_call_position(sample) for sample in samples])
+        scored = self._scorer.score(
+            keys=[prompt_key(sample.prompt) for sample in samples],
+            rewards=torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64),
+            versions=[sample.model_version for sample in samples],
+            token_counts=torch.stack([mask.sum() for mask in masks]),
+            group_ids=torch.tensor([sample.group_id for sample in samples]),
+            worker_advantages=torch.tensor([sample.advantage for sample in samples], dtype=torch.float64),
+            worker_reward_std=torch.tensor([sample.metrics["reward_std"] for sample in samples], dtype=torch.float64),
+            tool_positions=tool_positions,
+        )
+        if hasattr(self._scorer.tracker, "advance"):
+            self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
+        for name, value in scored.metrics.items():
+            self._metrics["train"][name].append(value)
+        return scored.advantages
+
+    def _first_call_position(self, sample) -> torch.Tensor:
+        """Action tokens before the sample's first tool call (-1 for none), counted from its first completion token."""
+        mask = torch.as_tensor(sample.completion_mask)
+        start = int(mask.nonzero()[0]) if bool(mask.any()) else mask.numel()
+        ids = torch.as_tensor(sample.input_ids)[start:].unsqueeze(0)
+        action = mask[start:].unsqueeze(0)
+        positions, *_ = first_tool_call_positions(ids, action, torch.ones_like(action), self._call_token_ids)
+        return positions[0]
+
+    # ---------------------------------------------------------------- checkpoints
+    def _save_rng_state(self, output_dir: str) -> None:
+        # The smallest hook of `Trainer._save_checkpoint` run inside the new checkpoint before trainer_state.json
+        # marks it complete (as ASPOTrainer). The tracker lives on the main process, which scores every rank's samples.
+        super()._save_rng_state(output_dir)
+        if self._scorer.tracker is not None and self.accelerator.is_main_process:
+            state = {
+                "value_event": int(self.model_version),
+                "aspo_kl_coef": 0.0,
+                "tracker": self._scorer.tracker.state_dict(),
+                "config": {"advantage_estimator": self.args.advantage_estimator, "value_rho": self.args.value_rho},
+            }
+            save_checkpoint_state(output_dir, state)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self._scorer.tracker is None:
+            return
+        if checkpoint_state_file(checkpoint) is None:
+            raise ValueError(
+                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}), so the value tracker of advantage_estimator="
+                f"{self.args.advantage_estimator!r} cannot be resumed: resume from a checkpoint AsyncASPOTrainer "
+                "saved with this estimator, or start a new run."
+            )
+        state = load_checkpoint_state(checkpoint)
+        try:
+            self._scorer.tracker.load_state_dict(state["tracker"])
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"checkpoint state {checkpoint_state_file(checkpoint)} holds no value tracker that "
+                f"advantage_estimator={self.args.advantage_estimator!r} can resume: {type(error).__name__}: {error}"
+            ) from None
+        if isinstance(self._scorer.tracker, AsyncEventValues):
+            self._scorer.tracker.rho = self.args.value_rho  # a changed value_rho applies from the resume on
+
+    # ---------------------------------------------------------------- asymmetric loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """loss_type='aspo': TRL's packed forward and accounting run unchanged (its PPO loss is inlined there, so
+        there is no smaller method to override); the returned loss is the asymmetric one on the same log-probs."""
+        if self.args.loss_type != "aspo":
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        captured = {}
+
+        def forward(**kwargs):
+            captured["outputs"] = model(**kwargs)
+            return captured["outputs"]
+
+        super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
+        outputs = captured["outputs"]
+        selected = inputs["token_index"] >= 0
+        log_probs = outputs.log_probs.flatten()[inputs["token_index"][selected]].unsqueeze(0)
+        old_log_probs = inputs["old_log_probs"][selected].unsqueeze(0)
+        advantages = inputs["advantages"][selected].unsqueeze(0)
+        per_token_loss, stats = asymmetric_policy_loss(
+            log_probs,
+            old_log_probs,
+            advantages,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            dual_clip=self.args.aspo_dual_clip,
+            dual_clip_pos=self.args.aspo_dual_clip_pos,
+            dual_clip_neg=self.args.aspo_dual_clip_neg,
+        )
+        # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).
+        tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
+        loss = per_token_loss.sum() / tokens_per_rank.to(torch.float32) / self.current_gradient_accumulation_steps
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
+        self._log_aspo_metrics(stats, per_token_loss.detach())
+        return loss
+
+    def _log_aspo_metrics(self, stats: dict[str, torch.Tensor], per_token_loss: torch.Tensor) -> None:
+        """The synchronous trainer's aspo/* shares of action tokens, summed over ranks."""
+        columns = [stats[name].float().sum() for name in ASPO_TOKEN_STATS]
+        columns += [stats["flip_weight"].float().sum(), per_token_loss.float().sum()]
+        columns.append(torch.tensor(float(per_token_loss.numel()), device=per_token_loss.device))
+        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum")
+        tokens = totals[-1].clamp(min=1.0)
+        metrics = self._metrics["train"]
+        for index, name in enumerate(ASPO_TOKEN_STATS):
+            metrics[f"aspo/{name}_frac"].append((totals[index] / tokens).item())
+        metrics["aspo/flip_weight_mean"].append((totals[5] / totals[4].clamp(min=1.0)).item())
+        metrics["policy_loss"].append((totals[6] / tokens).item())

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from async_common import MODEL, async_fields, calculator_tokenizer
 
 from trl_aspo.async_infra import (
     HTTPWeightTransfer,
@@ -21,41 +22,18 @@ from trl_aspo.async_infra import (
     varlen_attention,
 )
 from trl_aspo.async_infra.http_transport import http_request
-from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 
-MODEL = str(CHECKPOINT_DIR)
 
-
-@pytest.fixture(scope="module")
-def calculator_tokenizer():
-    from trl.chat_template_utils import add_response_schema
-
-    return add_response_schema(load_tokenizer(CHECKPOINT_DIR))
+@pytest.fixture(scope="module", name="calculator_tokenizer")
+def calculator_tokenizer_fixture():
+    return calculator_tokenizer()
 
 
 def async_config(tmp_path, **overrides):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    fields = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        token_budget=0,
-        max_staleness=2,
-        max_tool_calling_iterations=1,
-    )
-    fields.update(overrides)
-    return AsyncGRPOConfig(**fields)
+    return AsyncGRPOConfig(**async_fields(tmp_path, **overrides))
 
 
 def parameters_of(model) -> dict[str, torch.Tensor]:

@@ -8,42 +8,20 @@ import queue
 import numpy as np
 import pytest
 import torch
+from async_common import MODEL, async_fields, calculator_tokenizer
 
 from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
-from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
-
-MODEL = str(CHECKPOINT_DIR)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trl.chat_template_utils import add_response_schema
-
-    return add_response_schema(load_tokenizer(CHECKPOINT_DIR))
+    return calculator_tokenizer()
 
 
 def base_fields(tmp_path, **overrides):
-    fields = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=16,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        token_budget=0,
-        max_staleness=2,
-        max_tool_calling_iterations=1,
-        max_inflight_tasks=1,
-    )
-    fields.update(overrides)
-    return fields
+    defaults = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
+    return async_fields(tmp_path, **{**defaults, **overrides})
 
 
 def make_trainer(trainer_class, args, tokenizer, jitter_s=0.0):

@@ -7,55 +7,42 @@ underneath. With every trl-aspo switch off it returns None: the card stays GRPO'
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
+
+def _bibtex(key: str, title: str, authors: str | None, year: int, arxiv_id: str) -> str:
+    author_line = f"    author       = {{{authors}}},\n" if authors else ""
+    return (
+        f"@article{{{key},\n    title        = {{{{{title}}}}},\n{author_line}"
+        f"    year         = {year},\n    eprint       = {{arXiv:{arxiv_id}}},\n}}"
+    )
+
+
+def _paper(key: str, title: str, authors: str | None, year: int, arxiv_id: str) -> dict[str, str]:
+    return {"title": title, "id": arxiv_id, "citation": _bibtex(key, title, authors, year, arxiv_id)}
+
+
+# SPO++'s author list is not cited: it could not be checked against the paper, and a card must not guess it.
 PAPERS = {
-    "aspo": {
-        "title": "ASPO: Asymmetric Importance Sampling Policy Optimization",
-        "id": "2510.06062",
-        "citation": textwrap.dedent("""\
-            @article{wang2025aspo,
-                title        = {{ASPO: Asymmetric Importance Sampling Policy Optimization}},
-                author       = {Jiakang Wang and Runze Liu and Lei Lin and Wenping Hu and Xiu Li and Fuzheng Zhang and
-                                Guorui Zhou and Kun Gai},
-                year         = 2025,
-                eprint       = {arXiv:2510.06062},
-            }"""),
-    },
-    "tool_shaping": {
-        "title": "Understanding Tool-Integrated Reasoning",
-        "id": "2508.19201",
-        "citation": textwrap.dedent("""\
-            @article{lin2025understanding,
-                title        = {{Understanding Tool-Integrated Reasoning}},
-                author       = {Heng Lin and Zhongwen Xu},
-                year         = 2025,
-                eprint       = {arXiv:2508.19201},
-            }"""),
-    },
-    "spo": {
-        "title": "Single-stream Policy Optimization",
-        "id": "2509.13232",
-        "citation": textwrap.dedent("""\
-            @article{xu2025single,
-                title        = {{Single-stream Policy Optimization}},
-                author       = {Zhongwen Xu and Zihan Ding},
-                year         = 2025,
-                eprint       = {arXiv:2509.13232},
-            }"""),
-    },
-    "spo++": {
-        "title": "SPO++: Stream-Aligned Policy Optimization for Asynchronous Agentic RL",
-        "id": "2608.24870",
-        "citation": textwrap.dedent("""\
-            @article{ruan2026spoplusplus,
-                title        = {{SPO++: Stream-Aligned Policy Optimization for Asynchronous Agentic RL}},
-                author       = {Kai Ruan and Jinghao Lin and Qianshan Wei and others},
-                year         = 2026,
-                eprint       = {arXiv:2608.24870},
-            }"""),
-    },
+    "aspo": _paper(
+        "wang2025aspo",
+        "ASPO: Asymmetric Importance Sampling Policy Optimization",
+        "Jiakang Wang and Runze Liu and Lei Lin and Wenping Hu and Xiu Li and Fuzheng Zhang and Guorui Zhou and "
+        "Kun Gai",
+        2025,
+        "2510.06062",
+    ),
+    "tool_shaping": _paper(
+        "lin2025understanding",
+        "Understanding Tool-Integrated Reasoning",
+        "Heng Lin and Zhongwen Xu",
+        2025,
+        "2508.19201",
+    ),
+    "spo": _paper(
+        "xu2025single", "Single-stream Policy Optimization", "Zhongwen Xu and Zihan Ding", 2025, "2509.13232"
+    ),
+    "spo++": _paper("spoplusplus2026", "SPO++", None, 2026, "2608.24870"),
 }
 
 

@@ -352,8 +352,9 @@ class ASPOTrainer(GRPOTrainer):
             output["advantages"] = self._local_slice(advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
             self._logs["advantages"].extend(advantages.tolist())
-        normalized = unsignaled if rewrite else self.accelerator.gather(output["advantages"])
-        self._log_advantage_quantiles(normalized, scorable)
+        else:
+            advantages = self.accelerator.gather(output["advantages"])
+        self._log_advantage_quantiles(unsignaled if rewrite else advantages, scorable)
         self._metrics[mode]["zero_advantage_share"].append(
             torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
         )
@@ -362,8 +363,7 @@ class ASPOTrainer(GRPOTrainer):
             self._observe(keys, outcomes, scorable, output)
         if self.loss_type == "aspo" and self.args.aspo_unflipped_fraction > 0:
             generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
-            final_advantages = self.accelerator.gather(output["advantages"]).cpu()
-            draw = unflipped_sample_mask(final_advantages, self.args.aspo_unflipped_fraction, generator)
+            draw = unflipped_sample_mask(advantages.cpu(), self.args.aspo_unflipped_fraction, generator)
             output["aspo_unflipped"] = self._local_slice(draw, inputs)
         completion_repeats = repetition_rate(output["completion_ids"], action_mask)
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())

@@ -125,7 +125,9 @@ def test_tool_shaping_over_the_step_with_one_completion_per_prompt(tmp_path):
 
 def test_rewards_outside_unit_range_are_refused_or_mapped(tmp_path):
     scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
-    with pytest.raises(ValueError, match=r"needs total rewards in \[0, 1\]; got 2.0. Set value_reward_range"):
+    with pytest.raises(
+        ValueError, match=r"needs total rewards in \[0, 1\]; got 2.0. Set AsyncASPOConfig.value_reward_range"
+    ):
         score_step(scorer, [("x", 0, 2.0, 3, 0)])
     mapped = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_reward_range=[0, 2]))
     # Mapped rewards 1 and 0 against the prior 0.5: A = +-0.5; token measure with L = 3, 3: sigma^2 = 1.5 / 5
@@ -141,3 +143,25 @@ def test_value_init_file_sets_priors(tmp_path):
     scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_init_file=str(init)))
     advantages, _ = scorer.baseline([key], torch.tensor([1.0]), [0], torch.zeros(1), torch.zeros(1))
     assert advantages.tolist() == pytest.approx([0.25])
+
+
+@pytest.mark.parametrize("estimator", ["spo", "spo++"])
+def test_rows_of_one_forked_conversation_are_one_outcome(tmp_path, estimator):
+    """TRL's worker splits a conversation whose re-tokenization drifts into several rows sharing one reward: the
+    tracker sees that outcome once and no row sees it, also when the rows fall into two optimizer steps."""
+    scorer = StepScorer(config(tmp_path, advantage_estimator=estimator, num_generations=1, value_rho=0.5))
+    # x's conversation "c1" is forked into three rows: two in this step, one in the next.
+    first = scorer.baseline(
+        ["x", "x", "y"], torch.tensor([1.0, 1.0, 0.0]), [0, 0, 0], torch.zeros(3), torch.zeros(3), ["c1", "c1", "c2"]
+    )[0]
+    # Every value is the prior 0.5 (nothing of x observed before): each row of c1 gets 1 - 0.5.
+    torch.testing.assert_close(first, torch.tensor([0.5, 0.5, -0.5], dtype=torch.float64))
+    assert scorer.tracker.visits(["x", "y"]).tolist() == [1, 1]
+    second = scorer.baseline(
+        ["x", "x"], torch.tensor([1.0, 0.0]), [0, 1], torch.zeros(2), torch.zeros(2), ["c1", "c3"]
+    )[0]
+    # c1's third row reuses its R - v; c3 (x at version 1) sees c1 once. spo++: alpha = .5*.5 + .5*1 = .75,
+    # beta = .5*.5 = .25 -> v = .75. spo (alpha <- rho alpha + R): alpha = .25 + 1, beta = .25 -> v = 5/6.
+    value = 0.75 if estimator == "spo++" else 5 / 6
+    torch.testing.assert_close(second, torch.tensor([0.5, -value], dtype=torch.float64))
+    assert scorer.tracker.visits(["x"]).tolist() == [2]

@@ -305,3 +305,32 @@ def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
     )
     with pytest.raises(ValueError, match="checkpoint-2 holds no trl-aspo state .* advantage_estimator='spo\\+\\+'"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+
+
+def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
+    """The async trainer resumes under the same rules as ASPOTrainer (trl_aspo.single_stream): a changed estimator
+    is refused naming both values unless `value_reset_on_resume`, which starts a fresh tracker on purpose."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(24)], prompt_rows=[i % 5 for i in range(24)])
+
+    def config(**overrides):
+        fields = base_fields(tmp_path, num_generations=1, save_strategy="steps", save_steps=2)
+        return AsyncASPOConfig(**{**fields, "advantage_estimator": "spo++", **overrides})
+
+    scripted_trainer(AsyncASPOTrainer, config(max_steps=2), tokenizer, samples).train()
+    checkpoint = str(tmp_path / "out" / "checkpoint-2")
+
+    changed = scripted_trainer(AsyncASPOTrainer, config(max_steps=3, advantage_estimator="spo"), tokenizer, samples)
+    with pytest.raises(
+        ValueError, match=r"advantage_estimator='spo', but the checkpoint was trained with .*'spo\+\+'"
+    ):
+        changed.train(resume_from_checkpoint=checkpoint)
+
+    reset = config(max_steps=3, advantage_estimator="spo", value_reset_on_resume=True)
+    fresh = scripted_trainer(AsyncASPOTrainer, reset, tokenizer, samples[12:])
+    at_first_score = []
+    score_step = fresh._score_step
+    fresh._score_step = lambda step: at_first_score.append(fresh._scorer.tracker.num_tracked) or score_step(step)
+    fresh.train(resume_from_checkpoint=checkpoint)
+    assert at_first_score[0] == 0 and fresh._scorer.tracker.num_tracked > 0

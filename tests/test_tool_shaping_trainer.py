@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-import trl_aspo.trainer as trainer_module
+import trl_aspo.single_stream as single_stream
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import TINY_CALCULATOR, build_random_model, load_builtin
 from trl_aspo.builtin.model import CHECKPOINT_DIR
@@ -280,7 +280,7 @@ def test_single_stream_run_shapes_across_the_whole_batch(calculator_dataset, tin
         calls.append((advantages.clone(), positions, lengths, eligible, groups, bias))
         return bias
 
-    monkeypatch.setattr(trainer_module, "tool_position_bias", spy)
+    monkeypatch.setattr(single_stream, "tool_position_bias", spy)
     model, tokenizer = load_builtin(TINY_CALCULATOR)
     args = tiny_config(
         advantage_estimator="spo++",

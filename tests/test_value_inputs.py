@@ -101,10 +101,10 @@ def test_training_with_missing_prompt_ids_is_refused(tiny_tokenizer, chat_datase
 
 
 def _capture_warnings(monkeypatch) -> list[str]:
-    import trl_aspo.trainer as trainer_module
+    import trl_aspo.single_stream as single_stream
 
     lines: list[str] = []
-    monkeypatch.setattr(trainer_module.logger, "warning", lines.append)
+    monkeypatch.setattr(single_stream.logger, "warning", lines.append)
     return lines
 
 

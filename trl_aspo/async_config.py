@@ -38,7 +38,6 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "value_init_samples": f"the pre-pass: {_NOT_YET}; use value_init_file",
     "prompt_id_column": "rollout samples carry the prompt, not its dataset row: prompts are keyed by content hash",
     "prioritized_sampling": f"sampling the worker's prompt stream by value: {_NOT_YET}",
-    "value_reset_on_resume": f"resuming on purpose without the saved tracker: {_NOT_YET}",
 }
 
 

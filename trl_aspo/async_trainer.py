@@ -17,17 +17,30 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 from __future__ import annotations
 
 import torch
+from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
-from .event_values import AsyncEventValues
 from .losses import asymmetric_policy_loss
 from .prompt_ids import prompt_key
-from .single_stream import StepScorer
+from .single_stream import (
+    StepScorer,
+    check_resume_settings,
+    require_state_or_reset,
+    restore_tracker,
+    resume_settings,
+)
 from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
 
 ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
+
+
+def _conversation_id(sample) -> tuple[int, int, str]:
+    """The rollout a row comes from. TRL's worker stamps every row of a forked conversation with the same group,
+    version and completion messages; two rollouts of a group that wrote exactly the same messages (and so got the
+    same reward) share the id too, and count as one outcome for the tracker."""
+    return sample.group_id, sample.model_version, prompt_key(sample.completion)
 
 
 class _RecordingQueue:
@@ -81,7 +94,7 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
                 "takes every AsyncGRPOConfig field."
             )
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        self._scorer = StepScorer(self.args)
+        self._scorer = StepScorer(self.args, self.train_dataset)
         self._call_token_ids = (
             resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
         )
@@ -119,6 +132,7 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             worker_advantages=torch.tensor([sample.advantage for sample in samples], dtype=torch.float64),
             worker_reward_std=torch.tensor([sample.metrics["reward_std"] for sample in samples], dtype=torch.float64),
             tool_positions=tool_positions,
+            conversations=[_conversation_id(sample) for sample in samples],
         )
         if hasattr(self._scorer.tracker, "advance"):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
@@ -145,30 +159,28 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
                 "value_event": int(self.model_version),
                 "aspo_kl_coef": 0.0,
                 "tracker": self._scorer.tracker.state_dict(),
-                "config": {"advantage_estimator": self.args.advantage_estimator, "value_rho": self.args.value_rho},
+                "config": self._resume_config(),
             }
             save_checkpoint_state(output_dir, state)
+
+    def _resume_config(self) -> dict:
+        train_rows = len(self.train_dataset) if isinstance(self.train_dataset, Dataset) else None
+        return resume_settings(self.args, train_rows)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None or self._scorer.tracker is None:
             return
-        if checkpoint_state_file(checkpoint) is None:
-            raise ValueError(
-                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}), so the value tracker of advantage_estimator="
-                f"{self.args.advantage_estimator!r} cannot be resumed: resume from a checkpoint AsyncASPOTrainer "
-                "saved with this estimator, or start a new run."
-            )
+        path = checkpoint_state_file(checkpoint)
+        if path is None:
+            require_state_or_reset(self.args, checkpoint, STATE_JSON)
+            return
         state = load_checkpoint_state(checkpoint)
-        try:
-            self._scorer.tracker.load_state_dict(state["tracker"])
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ValueError(
-                f"checkpoint state {checkpoint_state_file(checkpoint)} holds no value tracker that "
-                f"advantage_estimator={self.args.advantage_estimator!r} can resume: {type(error).__name__}: {error}"
-            ) from None
-        if isinstance(self._scorer.tracker, AsyncEventValues):
-            self._scorer.tracker.rho = self.args.value_rho  # a changed value_rho applies from the resume on
+        fresh = check_resume_settings(
+            self.args, state.get("config"), self._resume_config(), path, has_tracker="tracker" in state
+        )
+        if not fresh:
+            restore_tracker(self._scorer.tracker, state, path, self.args)
 
     # ---------------------------------------------------------------- asymmetric loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

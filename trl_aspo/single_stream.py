@@ -1,18 +1,20 @@
-"""Single-stream scoring of a batch of samples: the one home of the glue between config, value tracker,
-normalization and tool shaping (DESIGN.md sections 2-4). `AsyncASPOTrainer` scores each optimizer step's samples
-with it; `ASPOTrainer` can delegate to it later.
+"""Single-stream scoring: the one home of the glue between config, value tracker, normalization, tool shaping and
+checkpointed state (DESIGN.md sections 2-4), used by both `ASPOTrainer` and `AsyncASPOTrainer`. Each step of the
+data flow is one function here; the trainers only gather their samples and call them:
 
-Data flow of one batch (`StepScorer.score`):
+1. tracker lifecycle: `make_value_tracker` (spo: `VisitValueTracker`; spo++: `EventValueTracker` synchronously,
+   `AsyncEventValues` asynchronously), `init_values_from_file`, `dataset_prompt_keys`;
+2. rewards for the tracker: the total reward, mapped by `value_reward_range` onto [0, 1] (`tracker_rewards`);
+3. baseline: `A = R - v`, with `v` read before any outcome of the batch is observed (each trainer reads it at its
+   own policy event: the generation round, or the sample's model version);
+4. normalization over the batch (`normalize_advantages`: `batch` or `token`, trl_aspo.normalize);
+5. tool-position shaping (`tool_shaping_bias`, trl_aspo.shaping) by prompt group, or over the batch with one
+   completion per prompt;
+6. checkpointed state: which settings a resume may change (`resume_settings`, `check_resume_settings`), resuming
+   without state (`require_state_or_reset`) and restoring the tracker (`restore_tracker`).
 
-1. rewards for the tracker: the total reward, mapped by `value_reward_range` onto [0, 1] (`tracker_rewards`);
-2. baseline: `A = R - v(x, z)` with the value read before any outcome of the batch is observed (spo++:
-   `AsyncEventValues` at the sample's model version `z`; spo: `VisitValueTracker`), then the batch's outcomes are
-   observed; for the group estimator, the rollout worker's per-group advantage (rescaled to `R - mean` when the
-   batch is normalized here);
-3. normalization over the batch (`batch` or `token`, trl_aspo.normalize);
-4. tool-position shaping by `group_id` (the whole batch with one completion per prompt, trl_aspo.shaping).
-
-Samples without a reward (every reward function abstained: NaN) get advantage 0 and are not observed.
+`StepScorer` runs steps 2-5 on one asynchronous optimizer step. Samples without a reward (every reward function
+abstained: NaN) get advantage 0 and are not observed.
 
 SPO (per-visit forgetting) applies its updates in arrival order, one outcome at a time: with asynchronous rollouts
 the state it reaches depends on the order in which samples arrive, by construction. SPO++ depends only on the set
@@ -21,42 +23,128 @@ of outcomes visible to each sample (trl_aspo.event_values).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from .event_values import AsyncEventValues
 from .normalize import batch_normalize, token_measure_normalize
+from .prompt_ids import prompt_id_key, prompt_key, prompt_match_key
 from .shaping import is_correct, shaping_stats, tool_position_bias
-from .tracker import VisitValueTracker
+from .tracker import EventValueTracker, VisitValueTracker
 from .value_init import read_init_records
 
-# Rewards a hair outside [0, 1] (float round-off of weighted sums) are clamped rather than refused.
+logger = logging.getLogger(__name__)
+
+# Float32 rounding of a weighted reward sum (weights summing to 1, full credit: 1.0000001) is not a range violation.
 _UNIT_RANGE_TOLERANCE = 1e-6
 
+ValueTracker = EventValueTracker | AsyncEventValues | VisitValueTracker
 
-def make_value_tracker(args) -> AsyncEventValues | VisitValueTracker | None:
-    """The tracker `args.advantage_estimator` asks for (None for the group baseline), initialized from
-    `args.value_init_file` when given (priors anchored at version 0, the start of training)."""
+# Settings a resume compares with the checkpoint's. Refused when changed (why), unless marked resettable and
+# `value_reset_on_resume` is set; the others are applied with a logged warning.
+RESUME_FIELDS = (
+    "advantage_estimator",
+    "prompt_id_column",
+    "seed",
+    "value_rho",
+    "value_rho_mode",
+    "value_reward_range",
+    "advantage_normalization",
+    "prioritized_sampling",
+)
+RESUME_REFUSED = {
+    "advantage_estimator": "the saved value tracker belongs to that estimator",
+    "prompt_id_column": "the saved tracker's prompt keys come from it",
+    "seed": "the saved random states and sampler order come from it",
+}
+RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
+
+
+def _field(args, name: str) -> str:
+    """A field as the user's config class names it (`ASPOConfig.value_rho`, `AsyncASPOConfig.value_rho`)."""
+    return f"{type(args).__name__}.{name}"
+
+
+# ---------------------------------------------------------------- 1. tracker lifecycle
+def make_value_tracker(args, asynchronous: bool = False) -> ValueTracker | None:
+    """The tracker `args.advantage_estimator` asks for (None for the group baseline). The policy event of spo++ is
+    the generation round synchronously (`EventValueTracker`) and the sample's model version asynchronously
+    (`AsyncEventValues`, order-invariant)."""
     if args.advantage_estimator == "spo++":
-        tracker = AsyncEventValues(rho=args.value_rho)
-    elif args.advantage_estimator == "spo":
-        tracker = VisitValueTracker()
-    else:
-        return None
-    if args.value_init_file is not None:
-        records = read_init_records(args.value_init_file, None)
+        return AsyncEventValues(rho=args.value_rho) if asynchronous else EventValueTracker(rho=args.value_rho)
+    if args.advantage_estimator == "spo":
+        return VisitValueTracker()
+    return None
+
+
+def dataset_prompt_keys(dataset, args) -> list[str]:
+    """The tracker key of every row: `prompt_id_column`'s value when set, else a hash of the prompt."""
+    column = args.prompt_id_column
+    if column is not None:
+        if column not in dataset.column_names:
+            raise ValueError(
+                f"{_field(args, 'prompt_id_column')}={column!r} is not a dataset column; columns: "
+                f"{dataset.column_names}."
+            )
+        return [prompt_id_key(value, column) for value in dataset[column]]
+    return [prompt_key(prompt) for prompt in dataset["prompt"]]
+
+
+def _enumerable(dataset) -> bool:
+    from datasets import IterableDataset
+
+    return dataset is not None and not isinstance(dataset, IterableDataset) and hasattr(dataset, "column_names")
+
+
+def init_values_from_file(tracker: ValueTracker, args, dataset=None) -> None:
+    """Set priors from `args.value_init_file` (anchored at the start of training) and say how many records name a
+    training prompt of `dataset` (a map-style dataset; an iterable one cannot be enumerated, so no report). A file
+    none of whose records names a training prompt is refused."""
+    path = args.value_init_file
+    by_match = None
+    if _enumerable(dataset) and args.prompt_id_column is None:
+        by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
+    records = read_init_records(path, args.prompt_id_column, by_match)
+    try:
         if records.count_keys:
             tracker.init_from_counts(
                 records.count_keys, records.successes, records.trials, prior_strength=args.value_prior_strength
             )
         if records.pseudo_keys:
             tracker.set_pseudo_counts(records.pseudo_keys, records.alphas, records.betas)
-    return tracker
+    except ValueError as error:
+        raise ValueError(f"{_field(args, 'value_init_file')}={path!r}: {error}") from None
+    if _enumerable(dataset):
+        keys = records.count_keys + records.pseudo_keys
+        _report_init_matches(args, keys, set(dataset_prompt_keys(dataset, args)))
 
 
+def _report_init_matches(args, keys: list[str], dataset_keys: set[str]) -> None:
+    path = args.value_init_file
+    matched = sum(key in dataset_keys for key in keys)
+    column = args.prompt_id_column
+    if column is None:
+        how = "records name prompts by 'prompt' (the exact dataset prompt: chat messages for a chat dataset)"
+    else:
+        how = f"records name prompts by 'prompt_id', matched against prompt_id_column={column!r}"
+    if matched == 0:
+        raise ValueError(
+            f"{_field(args, 'value_init_file')}={path!r}: none of its {len(keys)} records matches a training "
+            f"prompt; {how}."
+        )
+    message = f"{_field(args, 'value_init_file')}={path!r}: {matched} of {len(keys)} records match a training prompt"
+    if matched < len(keys):
+        logger.warning(f"{message}; the other {len(keys) - matched} are ignored ({how}).")
+    else:
+        logger.info(f"{message}.")
+
+
+# ---------------------------------------------------------------- 2. rewards for the tracker
 def tracker_rewards(rewards: torch.Tensor, args) -> torch.Tensor:
-    """Total rewards as the tracker learns them: mapped by `value_reward_range` onto [0, 1], NaN kept."""
+    """Total rewards as the tracker learns them: mapped by `value_reward_range` onto [0, 1], NaN kept; rewards a
+    hair outside [0, 1] (float round-off) are clamped, others refused."""
     if args.value_reward_range is not None:
         low, high = args.value_reward_range
         rewards = (rewards - low) / (high - low)
@@ -67,14 +155,142 @@ def tracker_rewards(rewards: torch.Tensor, args) -> torch.Tensor:
         if args.value_reward_range is not None:
             raise ValueError(
                 f"advantage_estimator={args.advantage_estimator!r} needs total rewards in [0, 1]; after mapping "
-                f"value_reward_range={list(args.value_reward_range)} onto [0, 1] a reward is {bad}: the rewards "
-                "leave the declared range."
+                f"{_field(args, 'value_reward_range')}={list(args.value_reward_range)} onto [0, 1] a reward is "
+                f"{bad}: the rewards leave the declared range."
             )
         raise ValueError(
             f"advantage_estimator={args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
-            "value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
+            f"{_field(args, 'value_reward_range')}=[lo, hi] to map a known reward range onto [0, 1]."
         )
     return rewards.clamp(0.0, 1.0)
+
+
+# ---------------------------------------------------------------- 4. normalization
+def normalize_advantages(
+    centered: torch.Tensor, token_counts: torch.Tensor, scorable: torch.Tensor, normalization: str
+) -> torch.Tensor:
+    """`batch` or `token` normalization of the centered advantages over the scorable samples; the others take no
+    part in the statistics and stay 0. (`group` is the group z-score, which TRL or its rollout worker computes.)"""
+    normalized = torch.zeros_like(centered)
+    if not bool(scorable.any()):
+        return normalized
+    if normalization == "batch":
+        normalized[scorable] = batch_normalize(centered[scorable])
+    elif normalization == "token":
+        normalized[scorable] = token_measure_normalize(centered[scorable], token_counts[scorable].to(centered.dtype))
+    else:
+        raise ValueError(f"advantage_normalization={normalization!r}: only 'batch' and 'token' are computed here.")
+    return normalized
+
+
+# ---------------------------------------------------------------- 5. tool-position shaping
+def tool_shaping_bias(
+    advantages: torch.Tensor,
+    scores: torch.Tensor,
+    positions: torch.Tensor,
+    lengths: torch.Tensor,
+    group_ids: torch.Tensor,
+    args,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tool-position bias (B,) and the eligible mask (B,) of one batch.
+
+    Eligible: correct (`scores >= tool_shaping_correct_threshold`; NaN is never correct) with a first tool call
+    inside the completion (`0 <= position < length`). Groups are `group_ids` with several completions per prompt
+    and the whole batch with one (`num_generations == 1`), as DESIGN.md section 2 specifies."""
+    eligible = is_correct(scores.nan_to_num(float("-inf")), args.tool_shaping_correct_threshold).to(positions.device)
+    eligible = eligible & (positions >= 0) & (positions < lengths)
+    groups = group_ids.long() if args.num_generations > 1 else torch.zeros_like(group_ids, dtype=torch.long)
+    bias = tool_position_bias(
+        advantages,
+        positions.long(),
+        lengths.long(),
+        eligible,
+        groups.to(advantages.device),
+        delta=args.tool_shaping_delta,
+        k=args.tool_shaping_k,
+    )
+    return bias, eligible
+
+
+# ---------------------------------------------------------------- 6. checkpointed state
+def resume_settings(args, train_rows: int | None) -> dict:
+    """The settings a resumed run is compared with (README, "Resuming")."""
+    settings = {name: getattr(args, name) for name in RESUME_FIELDS}
+    if settings["value_reward_range"] is not None:
+        settings["value_reward_range"] = list(settings["value_reward_range"])
+    settings["train_rows"] = train_rows
+    return settings
+
+
+def check_resume_settings(args, saved: dict | None, current: dict, path: str, has_tracker: bool) -> bool:
+    """Compare the checkpoint's settings with this run's (README, "Resuming"); returns whether the tracker starts
+    fresh. Settings that change what the saved state means are refused, the others applied with a warning. A legacy
+    state without recorded settings is only checked for the tracker's presence."""
+    reset = args.value_reset_on_resume
+    changed = {}
+    if saved is not None:
+        changed = {name: (saved.get(name), value) for name, value in current.items() if saved.get(name) != value}
+    for name in RESUME_REFUSED:
+        if name in changed and not (reset and name in RESUME_RESET):
+            before, after = changed[name]
+            allowed = f" or set {_field(args, 'value_reset_on_resume')}=True" if name in RESUME_RESET else ""
+            raise ValueError(
+                f"Resuming from {path} with {name}={after!r}, but the checkpoint was trained with {name}={before!r}: "
+                f"{RESUME_REFUSED[name]}. Use {name}={before!r}{allowed}."
+            )
+    if "train_rows" in changed and args.prioritized_sampling:
+        before, after = changed["train_rows"]
+        raise ValueError(
+            f"Resuming from {path} with a training dataset of {after} rows, but the checkpoint was trained on "
+            f"{before} rows: the prioritized sampler's weights and order are per row; use the same dataset."
+        )
+    for name, (before, after) in changed.items():
+        if name not in RESUME_REFUSED:
+            logger.warning(f"Resuming from {path}: {name} changes from {before!r} to {after!r}; the new value applies")
+    tracked = args.advantage_estimator in ("spo", "spo++")
+    fresh = tracked and (not has_tracker or "advantage_estimator" in changed)
+    if fresh and not reset:
+        raise ValueError(
+            f"{path} holds no value tracker for advantage_estimator={args.advantage_estimator!r}. Resume with the "
+            f"checkpoint's estimator, or set {_field(args, 'value_reset_on_resume')}=True to start a fresh tracker "
+            "on purpose."
+        )
+    if reset and (fresh or changed.keys() & RESUME_RESET):
+        logger.warning(f"Resuming from {path}: value_reset_on_resume=True, the checkpoint's value tracker is not used")
+        return True
+    return fresh
+
+
+def require_state_or_reset(args, checkpoint: str, state_name: str) -> None:
+    """A checkpoint without trl-aspo state: refused under a value tracker unless `value_reset_on_resume` says to
+    start a fresh one on purpose."""
+    if args.advantage_estimator not in ("spo", "spo++"):
+        return
+    if not args.value_reset_on_resume:
+        raise ValueError(
+            f"{checkpoint} holds no trl-aspo state ({state_name}): it was written by an interrupted save, by another "
+            f"trainer, or with save_only_model, so the value tracker of advantage_estimator="
+            f"{args.advantage_estimator!r} cannot be restored. Resume from an earlier checkpoint, or set "
+            f"{_field(args, 'value_reset_on_resume')}=True to start a fresh tracker on purpose."
+        )
+    logger.warning(
+        f"Resuming from {checkpoint} without trl-aspo state: value_reset_on_resume=True starts a fresh value tracker "
+        "(value_init_file applies; no pre-pass)."
+    )
+
+
+def restore_tracker(tracker: ValueTracker, state: dict, path: str, args) -> None:
+    """Load the checkpoint's tracker, naming the file when it does not fit; a changed `value_rho` applies from the
+    resume on (SPO++; SPO reads rho at each update)."""
+    try:
+        tracker.load_state_dict(state["tracker"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(
+            f"checkpoint state {path} holds a value tracker that advantage_estimator={args.advantage_estimator!r} "
+            f"cannot resume: {type(error).__name__}: {error}"
+        ) from None
+    if isinstance(tracker, EventValueTracker | AsyncEventValues):
+        tracker.rho = args.value_rho
 
 
 @dataclass
@@ -86,11 +302,15 @@ class ScoredBatch:
 
 
 class StepScorer:
-    """Scores batches of samples for one trainer: holds the value tracker for its whole life (and checkpoints)."""
+    """Scores the batches of one asynchronous trainer (steps 2-5): holds the value tracker for its whole life."""
 
-    def __init__(self, args) -> None:
+    def __init__(self, args, train_dataset=None) -> None:
         self.args = args
-        self.tracker = make_value_tracker(args)
+        self.tracker = make_value_tracker(args, asynchronous=True)
+        if self.tracker is not None and args.value_init_file is not None:
+            init_values_from_file(self.tracker, args, train_dataset)
+        # `R - v` of the last batch's conversations, for rows of one forked conversation split across two batches.
+        self._previous_conversations: dict[object, float] = {}
 
     def baseline(
         self,
@@ -99,8 +319,14 @@ class StepScorer:
         versions: list[int],
         worker_advantages: torch.Tensor,
         worker_reward_std: torch.Tensor,
+        conversations: list[object] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """`A = R - v` before normalization (float64 (B,), 0 where the reward is NaN), then observe the outcomes."""
+        """`A = R - v` before normalization (float64 (B,), 0 where the reward is NaN), then observe the outcomes.
+
+        `conversations`: one hashable id per sample naming the rollout it comes from. TRL's worker splits a multi-turn
+        conversation whose re-tokenization drifts into several rows (forks) that share one reward; the tracker must
+        see that outcome once, and no row may see it. Later rows of an already observed conversation (in this batch
+        or the previous one) take the first row's `R - v`."""
         scorable = ~torch.isnan(rewards)
         metrics: dict[str, float] = {}
         if self.tracker is None:
@@ -110,7 +336,18 @@ class StepScorer:
                 advantages = advantages * (worker_reward_std.double().nan_to_num(0.0) + 1e-8)
             return torch.where(scorable, advantages, torch.zeros_like(advantages)), metrics
         outcomes = tracker_rewards(rewards.double(), self.args)
-        index = [i for i in range(len(keys)) if bool(scorable[i])]
+        conversations = [object() for _ in keys] if conversations is None else conversations  # each row its own
+        centered = torch.zeros_like(outcomes)
+        first_rows: dict[object, int] = {}
+        repeats: list[tuple[int, object]] = []
+        for i in range(len(keys)):
+            if not bool(scorable[i]):
+                continue
+            if conversations[i] in first_rows or conversations[i] in self._previous_conversations:
+                repeats.append((i, conversations[i]))
+            else:
+                first_rows[conversations[i]] = i
+        index = list(first_rows.values())
         scored_keys = [keys[i] for i in index]
         values = torch.full_like(outcomes, float("nan"))
         if isinstance(self.tracker, AsyncEventValues):
@@ -122,11 +359,17 @@ class StepScorer:
             for i in index:  # per visit, in arrival order
                 values[i] = self.tracker.value([keys[i]])[0]
                 self.tracker.observe([keys[i]], outcomes[i : i + 1], self.args.value_rho)
-        advantages = torch.where(scorable, outcomes - values, torch.zeros_like(outcomes))
+        centered[index] = outcomes[index] - values[index]
+        observed = {conversation: centered[i].item() for conversation, i in first_rows.items()}
+        for i, conversation in repeats:
+            centered[i] = (
+                observed[conversation] if conversation in observed else self._previous_conversations[conversation]
+            )
+        self._previous_conversations = observed
         if index:
             metrics["value/mean"] = values[index].mean().item()
         metrics["value/tracked_prompts"] = float(self.tracker.num_tracked)
-        return advantages, metrics
+        return centered, metrics
 
     def score(
         self,
@@ -138,41 +381,22 @@ class StepScorer:
         worker_advantages: torch.Tensor,
         worker_reward_std: torch.Tensor,
         tool_positions: torch.Tensor | None = None,
+        conversations: list[object] | None = None,
     ) -> ScoredBatch:
         """Baseline, normalization and shaping of one batch (all tensors (B,), in arrival order).
 
         `tool_positions`: action tokens before each sample's first tool call (-1 for none); needed with
-        `tool_shaping`."""
-        advantages, metrics = self.baseline(keys, rewards, versions, worker_advantages, worker_reward_std)
+        `tool_shaping`. `conversations`: see `baseline`."""
+        advantages, metrics = self.baseline(
+            keys, rewards, versions, worker_advantages, worker_reward_std, conversations
+        )
         scorable = ~torch.isnan(rewards)
-        normalization = self.args.advantage_normalization
-        if normalization != "group" and bool(scorable.any()):
-            if normalization == "batch":
-                normalized = batch_normalize(advantages[scorable])
-            else:
-                normalized = token_measure_normalize(advantages[scorable], token_counts[scorable].double())
-            advantages = advantages.clone()
-            advantages[scorable] = normalized
+        if self.args.advantage_normalization != "group":
+            advantages = normalize_advantages(advantages, token_counts, scorable, self.args.advantage_normalization)
         if self.args.tool_shaping:
             if tool_positions is None:
                 raise ValueError("tool_shaping needs the position of each sample's first tool call.")
-            lengths = token_counts.long()
-            eligible = scorable & is_correct(
-                rewards.nan_to_num(float("-inf")), self.args.tool_shaping_correct_threshold
-            )
-            eligible = eligible & (tool_positions >= 0) & (tool_positions < lengths)
-            groups = (
-                group_ids.long() if self.args.num_generations > 1 else torch.zeros_like(group_ids, dtype=torch.long)
-            )
-            bias = tool_position_bias(
-                advantages,
-                tool_positions.long(),
-                lengths,
-                eligible,
-                groups,
-                delta=self.args.tool_shaping_delta,
-                k=self.args.tool_shaping_k,
-            )
+            bias, eligible = tool_shaping_bias(advantages, rewards, tool_positions, token_counts, group_ids, self.args)
             advantages = advantages + bias
             metrics.update({f"shaping/{name}": value for name, value in shaping_stats(bias, eligible).items()})
         metrics["zero_advantage_share"] = (

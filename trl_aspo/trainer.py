@@ -1,7 +1,8 @@
 """`ASPOTrainer`: TRL's `GRPOTrainer` conducting the pure functions of trl-aspo.
 
-The trainer only gathers data across ranks, calls the functions of `losses`, `shaping`, `tool_metrics`, `tracker`,
-`normalize` and `sampler`, and logs. Per generation round (see DESIGN.md, "Data flow"):
+The trainer only gathers data across ranks, calls the functions of `single_stream` (tracker lifecycle, rewards for
+the tracker, normalization, shaping, resume policy: shared with `AsyncASPOTrainer`), `losses`, `tool_metrics`,
+`tracker` and `sampler`, and logs. Per generation round (see DESIGN.md, "Data flow"):
 
     prompts --(sampler)--> TRL generation and rewards --> baseline (group mean | tracker value frozen at dispatch)
       --> normalization (group | batch | token measure) --> tool-position shaping --> per-token loss (TRL | aspo)
@@ -40,10 +41,21 @@ from .losses import (
     unflipped_sample_mask,
 )
 from .multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
-from .normalize import batch_normalize, token_measure_normalize
-from .prompt_ids import prompt_id_key, prompt_key, prompt_keys, prompt_match_key
+from .prompt_ids import prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
-from .shaping import CallablePenalty, InteractiveTurnBonus, is_correct, shaping_stats, tool_position_bias
+from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats
+from .single_stream import (
+    check_resume_settings,
+    dataset_prompt_keys,
+    init_values_from_file,
+    make_value_tracker,
+    normalize_advantages,
+    require_state_or_reset,
+    restore_tracker,
+    resume_settings,
+    tool_shaping_bias,
+    tracker_rewards,
+)
 from .tool_metrics import (
     first_tool_call_positions,
     regex_tool_call_positions,
@@ -52,30 +64,10 @@ from .tool_metrics import (
     tool_call_metrics,
 )
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
-from .value_init import prepass_plan, read_init_records
+from .value_init import prepass_plan
 
 logger = logging.get_logger(__name__)
 
-# Settings a resume compares with the checkpoint's. Refused when changed (why), unless marked resettable and
-# `value_reset_on_resume` is set; the others are applied with a logged warning.
-_RESUME_FIELDS = (
-    "advantage_estimator",
-    "prompt_id_column",
-    "seed",
-    "value_rho",
-    "value_rho_mode",
-    "value_reward_range",
-    "advantage_normalization",
-    "prioritized_sampling",
-)
-_RESUME_REFUSED = {
-    "advantage_estimator": "the saved value tracker belongs to that estimator",
-    "prompt_id_column": "the saved tracker's prompt keys come from it",
-    "seed": "the saved random states and sampler order come from it",
-}
-_RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
-# Float32 rounding of a weighted reward sum (weights summing to 1, full credit: 1.0000001) is not a range violation.
-_UNIT_RANGE_TOLERANCE = 1e-6
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
 _FORWARD_KEYS = (
     "pixel_values",
@@ -174,14 +166,9 @@ class ASPOTrainer(GRPOTrainer):
         self._pending_visit = None
         # KL-adaptive rho: per prompt, the completion of its last visit with its post-update log-probs (CPU).
         self._visit_store: dict[str, dict[str, torch.Tensor]] = {}
-        if args.advantage_estimator == "spo++":
-            self._value_tracker = EventValueTracker(rho=args.value_rho)
-        elif args.advantage_estimator == "spo":
-            self._value_tracker = VisitValueTracker()
-        else:
-            self._value_tracker = None
+        self._value_tracker = make_value_tracker(args)
         if self._value_tracker is not None and args.value_init_file is not None:
-            self._init_values_from_file(args.value_init_file)
+            init_values_from_file(self._value_tracker, args, self.train_dataset)
 
         self._call_token_ids = resolve_call_token_ids(self._tokenizer, args.tool_call_opener)
         # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
@@ -214,7 +201,7 @@ class ASPOTrainer(GRPOTrainer):
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
         self._sampling_dataset = dataset
-        self._dataset_keys = self._keys_of_rows(dataset)
+        self._dataset_keys = dataset_prompt_keys(dataset, self.args)
         self._rows_of_key: dict[str, list[int]] = {}
         for row, key in enumerate(self._dataset_keys):
             self._rows_of_key.setdefault(key, []).append(row)
@@ -246,16 +233,6 @@ class ASPOTrainer(GRPOTrainer):
         repeated = [row for row in drawn for _ in range(self.num_generations)]
         start = self.accelerator.process_index * len(inputs)
         return [self._sampling_dataset[row] for row in repeated[start : start + len(inputs)]]
-
-    def _keys_of_rows(self, dataset) -> list[str]:
-        column = self.args.prompt_id_column
-        if column is not None:
-            if column not in dataset.column_names:
-                raise ValueError(
-                    f"ASPOConfig.prompt_id_column={column!r} is not a dataset column; columns: {dataset.column_names}."
-                )
-            return [prompt_id_key(value, column) for value in dataset[column]]
-        return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
     def _refresh_priorities(self, full: bool = False) -> None:
         """Set the sampler's weights from the tracker's values (identical on every rank: the tracker is).
@@ -328,7 +305,7 @@ class ASPOTrainer(GRPOTrainer):
         scorable = ~torch.isnan(rewards)
 
         if self._single_stream:
-            outcomes = self._rewards_for_tracker(rewards)
+            outcomes = tracker_rewards(rewards, self.args)
             centered = outcomes - dispatch_values.to(device)
             self._log_tracker_metrics(keys, dispatch_values)
         else:
@@ -397,16 +374,9 @@ class ASPOTrainer(GRPOTrainer):
         return gathered[start : start + len(inputs)].to(self.accelerator.device)
 
     def _normalize(self, centered, output, lengths, scorable) -> torch.Tensor:
-        """Scale the centered advantages; unscorable completions take no part in the statistics and stay at 0."""
-        normalization = self.args.advantage_normalization
-        if normalization == "group":
+        if self.args.advantage_normalization == "group":
             return self.accelerator.gather(output["advantages"])
-        normalized = torch.zeros_like(centered)
-        if normalization == "batch":
-            normalized[scorable] = batch_normalize(centered[scorable])
-        else:
-            normalized[scorable] = token_measure_normalize(centered[scorable], lengths[scorable])
-        return normalized
+        return normalize_advantages(centered, lengths, scorable, self.args.advantage_normalization)
 
     def _tool_statistics(self, output) -> torch.Tensor:
         if self.args.tool_call_pattern is not None:
@@ -437,18 +407,13 @@ class ASPOTrainer(GRPOTrainer):
     def _shape(self, advantages, rewards_per_func, rewards, tool_stats, output) -> torch.Tensor:
         args = self.args
         if args.tool_shaping_correct_reward is None:
-            score = rewards
+            scores = rewards
         else:
-            score = rewards_per_func[:, self.reward_func_names.index(args.tool_shaping_correct_reward)]
+            scores = rewards_per_func[:, self.reward_func_names.index(args.tool_shaping_correct_reward)]
         positions, lengths, calls, turns = tool_stats.unbind(dim=1)
-        eligible = is_correct(score, args.tool_shaping_correct_threshold).to(positions.device) & (positions >= 0)
-        if self.num_generations > 1:
-            groups = torch.arange(len(advantages), device=advantages.device) // self.num_generations
-        else:
-            groups = torch.zeros(len(advantages), dtype=torch.long, device=advantages.device)
-        bias = tool_position_bias(
-            advantages, positions, lengths, eligible, groups, delta=args.tool_shaping_delta, k=args.tool_shaping_k
-        )
+        # TRL lays each prompt's completions out consecutively, `num_generations` at a time.
+        group_ids = torch.arange(len(advantages), device=advantages.device) // self.num_generations
+        bias, eligible = tool_shaping_bias(advantages, scores, positions, lengths, group_ids, args)
         if self._shaping_hooks:
             texts = gather_object(self._tokenizer.batch_decode(output["completion_ids"], skip_special_tokens=True))
             for hook in self._shaping_hooks:
@@ -458,26 +423,6 @@ class ASPOTrainer(GRPOTrainer):
         return advantages + bias
 
     # ---------------------------------------------------------------- value tracker
-    def _rewards_for_tracker(self, rewards: torch.Tensor) -> torch.Tensor:
-        if self.args.value_reward_range is not None:
-            low, high = self.args.value_reward_range
-            rewards = (rewards - low) / (high - low)
-        valid = rewards[~torch.isnan(rewards)]
-        outside = (valid < -_UNIT_RANGE_TOLERANCE) | (valid > 1 + _UNIT_RANGE_TOLERANCE)
-        if outside.any():
-            bad = valid[outside][0].item()
-            if self.args.value_reward_range is not None:
-                raise ValueError(
-                    f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; after "
-                    f"mapping ASPOConfig.value_reward_range={list(self.args.value_reward_range)} onto [0, 1] a reward "
-                    f"is {bad}: the rewards leave the declared range."
-                )
-            raise ValueError(
-                f"advantage_estimator={self.args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
-                "ASPOConfig.value_reward_range=[lo, hi] to map a known reward range onto [0, 1]."
-            )
-        return rewards.clamp(0.0, 1.0)
-
     def _observe(self, keys, outcomes, scorable, output) -> None:
         if self.args.value_rho_mode == "kl":
             self._pending_visit = self._snapshot_for_kl_rho(output, keys, outcomes, scorable)
@@ -633,47 +578,6 @@ class ASPOTrainer(GRPOTrainer):
         if getattr(self, "_priority_sampler", None) is not None:
             metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
 
-    def _init_values_from_file(self, path: str) -> None:
-        dataset = self.train_dataset
-        enumerable = not isinstance(dataset, IterableDataset) and hasattr(dataset, "column_names")
-        by_match = None
-        if enumerable and self.args.prompt_id_column is None:
-            by_match = {prompt_match_key(prompt): prompt_key(prompt) for prompt in dataset["prompt"]}
-        records = read_init_records(path, self.args.prompt_id_column, by_match)
-        try:
-            if records.count_keys:
-                self._value_tracker.init_from_counts(
-                    records.count_keys,
-                    records.successes,
-                    records.trials,
-                    prior_strength=self.args.value_prior_strength,
-                )
-            if records.pseudo_keys:
-                self._value_tracker.set_pseudo_counts(records.pseudo_keys, records.alphas, records.betas)
-        except ValueError as error:
-            raise ValueError(f"ASPOConfig.value_init_file={path!r}: {error}") from None
-        if enumerable:
-            self._report_init_matches(path, records.count_keys + records.pseudo_keys, set(self._keys_of_rows(dataset)))
-
-    def _report_init_matches(self, path: str, keys: list[str], dataset_keys: set[str]) -> None:
-        """Say how many value-init records name a training prompt; refuse a file in which none does."""
-        matched = sum(key in dataset_keys for key in keys)
-        column = self.args.prompt_id_column
-        if column is None:
-            how = "records name prompts by 'prompt' (the exact dataset prompt: chat messages for a chat dataset)"
-        else:
-            how = f"records name prompts by 'prompt_id', matched against prompt_id_column={column!r}"
-        if matched == 0:
-            raise ValueError(
-                f"ASPOConfig.value_init_file={path!r}: none of its {len(keys)} records matches a training prompt; "
-                f"{how}."
-            )
-        message = f"ASPOConfig.value_init_file={path!r}: {matched} of {len(keys)} records match a training prompt"
-        if matched < len(keys):
-            logger.warning(f"{message}; the other {len(keys) - matched} are ignored ({how}).")
-        else:
-            logger.info(f"{message}.")
-
     # ---------------------------------------------------------------- value pre-pass
     def train(
         self,
@@ -716,7 +620,7 @@ class ASPOTrainer(GRPOTrainer):
             )
         if {"image", "images"} & set(dataset.column_names):
             raise ValueError("ASPOConfig.value_init_samples does not support image datasets; use value_init_file.")
-        keys = self._keys_of_rows(dataset)
+        keys = dataset_prompt_keys(dataset, self.args)
         first_rows: dict[str, int] = {}
         for index, key in enumerate(keys):
             first_rows.setdefault(key, index)
@@ -783,7 +687,7 @@ class ASPOTrainer(GRPOTrainer):
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return self._rewards_for_tracker(rewards).cpu()
+        return tracker_rewards(rewards, self.args).cpu()
 
     # ---------------------------------------------------------------- loss
     def _compute_loss(self, model, inputs):
@@ -939,13 +843,8 @@ class ASPOTrainer(GRPOTrainer):
         save_checkpoint_state(checkpoint, state)
 
     def _resume_config(self) -> dict:
-        """The settings a resumed run is compared with (README, "Resuming")."""
-        config = {name: getattr(self.args, name) for name in _RESUME_FIELDS}
-        config["value_reward_range"] = (
-            None if config["value_reward_range"] is None else list(config["value_reward_range"])
-        )
-        config["train_rows"] = None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
-        return config
+        train_rows = None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
+        return resume_settings(self.args, train_rows)
 
     def _checkpoint_tracker(self) -> tuple[EventValueTracker | VisitValueTracker, dict]:
         """The tracker and stored visits a run resumed from this checkpoint must start from.
@@ -966,7 +865,7 @@ class ASPOTrainer(GRPOTrainer):
         if checkpoint is None:
             return
         if checkpoint_state_file(checkpoint) is None:
-            self._resume_without_state(checkpoint)
+            require_state_or_reset(self.args, checkpoint, STATE_JSON)
             return
         state = load_checkpoint_state(checkpoint)
         path = checkpoint_state_file(checkpoint)
@@ -977,21 +876,15 @@ class ASPOTrainer(GRPOTrainer):
                 f"checkpoint state {path}: value_event={state['value_event']} exceeds the {max_rounds} micro-steps of "
                 f"its global_step={self.state.global_step}; the file does not belong to this checkpoint."
             )
-        fresh_tracker = self._check_resume_config(state.get("config"), path, has_tracker="tracker" in state)
+        fresh_tracker = check_resume_settings(
+            self.args, state.get("config"), self._resume_config(), path, has_tracker="tracker" in state
+        )
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
         self._pending_visit = None
         self._visit_store = {} if fresh_tracker else dict(state.get("visit_store", {}))
         if self._value_tracker is not None and not fresh_tracker:
-            try:
-                self._value_tracker.load_state_dict(state["tracker"])
-            except (KeyError, TypeError, ValueError, AttributeError) as error:
-                raise ValueError(
-                    f"checkpoint state {path} holds a value tracker that advantage_estimator="
-                    f"{self.args.advantage_estimator!r} cannot resume: {error.__class__.__name__}: {error}"
-                ) from None
-            if isinstance(self._value_tracker, EventValueTracker):
-                self._value_tracker.rho = self.args.value_rho
+            restore_tracker(self._value_tracker, state, path, self.args)
         if getattr(self, "_priority_sampler", None) is not None and state.get("sampler") is not None:
             try:
                 self._priority_sampler.load_state_dict(state["sampler"])
@@ -1002,60 +895,3 @@ class ASPOTrainer(GRPOTrainer):
                 ) from None
         # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
         self._refresh_priorities(full=True)
-
-    def _resume_without_state(self, checkpoint: str) -> None:
-        if self._value_tracker is None:
-            return
-        if not self.args.value_reset_on_resume:
-            raise ValueError(
-                f"{checkpoint} holds no trl-aspo state ({STATE_JSON}): it was written by an interrupted save, by "
-                f"another trainer, or with save_only_model, so the value tracker of advantage_estimator="
-                f"{self.args.advantage_estimator!r} cannot be restored. Resume from an earlier checkpoint, or set "
-                "ASPOConfig.value_reset_on_resume=True to start a fresh tracker on purpose."
-            )
-        logger.warning(
-            f"Resuming from {checkpoint} without trl-aspo state: value_reset_on_resume=True starts a fresh value "
-            "tracker (value_init_file applies; no pre-pass)."
-        )
-
-    def _check_resume_config(self, saved: dict | None, path: str, has_tracker: bool) -> bool:
-        """Compare the checkpoint's settings with this run's (README, "Resuming"); returns whether the tracker
-        starts fresh. Settings that change what the saved state means are refused, the others applied with a
-        warning. A legacy state without recorded settings is only checked for the tracker's presence."""
-        current = self._resume_config()
-        reset = self.args.value_reset_on_resume
-        changed = {}
-        if saved is not None:
-            changed = {name: (saved.get(name), value) for name, value in current.items() if saved.get(name) != value}
-        for name in _RESUME_REFUSED:
-            if name in changed and not (reset and name in _RESUME_RESET):
-                before, after = changed[name]
-                allowed = " or set ASPOConfig.value_reset_on_resume=True" if name in _RESUME_RESET else ""
-                raise ValueError(
-                    f"Resuming from {path} with {name}={after!r}, but the checkpoint was trained with {name}="
-                    f"{before!r}: {_RESUME_REFUSED[name]}. Use {name}={before!r}{allowed}."
-                )
-        if "train_rows" in changed and self.args.prioritized_sampling:
-            before, after = changed["train_rows"]
-            raise ValueError(
-                f"Resuming from {path} with a training dataset of {after} rows, but the checkpoint was trained on "
-                f"{before} rows: the prioritized sampler's weights and order are per row; use the same dataset."
-            )
-        for name, (before, after) in changed.items():
-            if name not in _RESUME_REFUSED:
-                logger.warning(
-                    f"Resuming from {path}: {name} changes from {before!r} to {after!r}; the new value applies."
-                )
-        fresh = self._value_tracker is not None and (not has_tracker or "advantage_estimator" in changed)
-        if fresh and not reset:
-            raise ValueError(
-                f"{path} holds no value tracker for advantage_estimator={self.args.advantage_estimator!r}. Resume "
-                "with the checkpoint's estimator, or set ASPOConfig.value_reset_on_resume=True to start a fresh "
-                "tracker on purpose."
-            )
-        if reset and (fresh or changed.keys() & _RESUME_RESET):
-            logger.warning(
-                f"Resuming from {path}: value_reset_on_resume=True, the checkpoint's value tracker is not used."
-            )
-            return True
-        return fresh

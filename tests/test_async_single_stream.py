@@ -165,3 +165,30 @@ def test_rows_of_one_forked_conversation_are_one_outcome(tmp_path, estimator):
     value = 0.75 if estimator == "spo++" else 5 / 6
     torch.testing.assert_close(second, torch.tensor([0.5, -value], dtype=torch.float64))
     assert scorer.tracker.visits(["x"]).tolist() == [2]
+
+
+def test_tool_shaping_reads_correctness_from_the_named_reward(tmp_path):
+    """With `correctness_scores` (the `tool_shaping_correct_reward` function's rewards), a sample whose total reward
+    is high but whose named reward is below the threshold is not eligible."""
+    fields = dict(advantage_estimator="spo++", num_generations=1, tool_shaping=True)
+    scorer = StepScorer(config(tmp_path, **fields, tool_shaping_correct_reward="correct"))
+    step = [("a", 0, 1.0, 10, 0), ("b", 0, 1.0, 10, 1), ("c", 0, 0.0, 10, 2)]
+    size = len(step)
+    result = scorer.score(
+        keys=[s[0] for s in step],
+        rewards=torch.tensor([s[2] for s in step], dtype=torch.float64),
+        versions=[0] * size,
+        token_counts=torch.full((size,), 10),
+        group_ids=torch.arange(size),
+        worker_advantages=torch.zeros(size),
+        worker_reward_std=torch.zeros(size),
+        tool_positions=torch.tensor([2, 6, 1]),
+        correctness_scores=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64),
+    )
+    # Eligible by the named reward: a and c (b's is 0, although its total is 1). Mean position 1.5, mean length 10:
+    # b_a = -2 (2 - 1.5) / 10 = -0.1, b_c = -2 (1 - 1.5) / 10 = +0.1, each clipped to 0.7 |A|.
+    base = score_step(StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1)), step).advantages
+    bound = 0.7 * base.abs()
+    bias = torch.tensor([-0.1, 0.0, 0.1], dtype=torch.float64)
+    torch.testing.assert_close(result.advantages, base + torch.maximum(torch.minimum(bias, bound), -bound))
+    assert result.metrics["shaping/eligible_frac"] == pytest.approx(2 / 3)

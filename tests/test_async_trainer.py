@@ -334,3 +334,46 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
     fresh._score_step = lambda step: at_first_score.append(fresh._scorer.tracker.num_tracked) or score_step(step)
     fresh.train(resume_from_checkpoint=checkpoint)
     assert at_first_score[0] == 0 and fresh._scorer.tracker.num_tracked > 0
+
+
+def test_progressive_flip_threshold_decays_over_optimizer_steps(tmp_path, tokenizer, monkeypatch):
+    """`aspo_flip_threshold_start` / `aspo_flip_decay_steps` act in the packed loss as in ASPOTrainer: the threshold
+    falls linearly from 0.4 at step 0 to 0 at step 2."""
+    import trl_aspo.async_trainer as async_trainer
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.losses import asymmetric_policy_loss
+
+    thresholds = []
+
+    def spy(*args, flip_threshold=0.0, **kwargs):
+        thresholds.append(flip_threshold)
+        return asymmetric_policy_loss(*args, flip_threshold=flip_threshold, **kwargs)
+
+    monkeypatch.setattr(async_trainer, "asymmetric_policy_loss", spy)
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(16)], prompt_rows=[i % 5 for i in range(16)])
+    fields = base_fields(tmp_path, max_steps=3, num_generations=1)
+    args = AsyncASPOConfig(
+        **fields,
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        aspo_flip_threshold_start=0.4,
+        aspo_flip_decay_steps=2,
+    )
+    scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples).train()
+    assert thresholds == pytest.approx([0.4, 0.2, 0.0])
+
+
+def test_tool_shaping_correct_reward_must_name_a_scored_function(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [0] * 8)
+    for sample in samples:
+        sample.metrics["rewards/correctness_reward"] = sample.metrics["reward"]
+    fields = base_fields(tmp_path, max_steps=1, num_generations=1)
+    args = AsyncASPOConfig(
+        **fields, advantage_estimator="spo++", tool_shaping=True, tool_shaping_correct_reward="accuracy"
+    )
+    with pytest.raises(
+        ValueError, match=r"tool_shaping_correct_reward='accuracy' names no .*\['correctness_reward'\]"
+    ):
+        scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples).train()

@@ -22,7 +22,7 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
-from .losses import asymmetric_policy_loss
+from .losses import asymmetric_policy_loss, progressive_flip_threshold
 from .prompt_ids import prompt_key
 from .single_stream import (
     StepScorer,
@@ -133,12 +133,27 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             worker_reward_std=torch.tensor([sample.metrics["reward_std"] for sample in samples], dtype=torch.float64),
             tool_positions=tool_positions,
             conversations=[_conversation_id(sample) for sample in samples],
+            correctness_scores=self._correctness_scores(samples),
         )
         if hasattr(self._scorer.tracker, "advance"):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
         return scored.advantages
+
+    def _correctness_scores(self, samples) -> torch.Tensor | None:
+        """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""
+        name = self.args.tool_shaping_correct_reward
+        if not self.args.tool_shaping or name is None:
+            return None
+        key = f"rewards/{name}"
+        if key not in samples[0].metrics:
+            names = sorted(metric[len("rewards/") :] for metric in samples[0].metrics if metric.startswith("rewards/"))
+            raise ValueError(
+                f"AsyncASPOConfig.tool_shaping_correct_reward={name!r} names no reward function; the rollout worker "
+                f"scores with {names}."
+            )
+        return torch.tensor([sample.metrics[key] for sample in samples], dtype=torch.float64)
 
     def _first_call_position(self, sample) -> torch.Tensor:
         """Action tokens before the sample's first tool call (-1 for none), counted from its first completion token."""
@@ -209,6 +224,9 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             dual_clip=self.args.aspo_dual_clip,
             dual_clip_pos=self.args.aspo_dual_clip_pos,
             dual_clip_neg=self.args.aspo_dual_clip_neg,
+            flip_threshold=progressive_flip_threshold(
+                self.state.global_step, self.args.aspo_flip_threshold_start, self.args.aspo_flip_decay_steps
+            ),
         )
         # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).
         tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)

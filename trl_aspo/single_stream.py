@@ -382,11 +382,14 @@ class StepScorer:
         worker_reward_std: torch.Tensor,
         tool_positions: torch.Tensor | None = None,
         conversations: list[object] | None = None,
+        correctness_scores: torch.Tensor | None = None,
     ) -> ScoredBatch:
         """Baseline, normalization and shaping of one batch (all tensors (B,), in arrival order).
 
         `tool_positions`: action tokens before each sample's first tool call (-1 for none); needed with
-        `tool_shaping`. `conversations`: see `baseline`."""
+        `tool_shaping`. `conversations`: see `baseline`. `correctness_scores`: what shaping compares with
+        `tool_shaping_correct_threshold` (the `tool_shaping_correct_reward` function's rewards); the total reward
+        when None."""
         advantages, metrics = self.baseline(
             keys, rewards, versions, worker_advantages, worker_reward_std, conversations
         )
@@ -396,7 +399,8 @@ class StepScorer:
         if self.args.tool_shaping:
             if tool_positions is None:
                 raise ValueError("tool_shaping needs the position of each sample's first tool call.")
-            bias, eligible = tool_shaping_bias(advantages, rewards, tool_positions, token_counts, group_ids, self.args)
+            scores = rewards if correctness_scores is None else correctness_scores
+            bias, eligible = tool_shaping_bias(advantages, scores, tool_positions, token_counts, group_ids, self.args)
             advantages = advantages + bias
             metrics.update({f"shaping/{name}": value for name, value in shaping_stats(bias, eligible).items()})
         metrics["zero_advantage_share"] = (

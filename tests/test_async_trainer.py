@@ -377,3 +377,75 @@ def test_tool_shaping_correct_reward_must_name_a_scored_function(tmp_path, token
         ValueError, match=r"tool_shaping_correct_reward='accuracy' names no .*\['correctness_reward'\]"
     ):
         scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples).train()
+
+
+def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, monkeypatch):
+    """Sequence aggregation, the per-completion entropy split and the unflipped share act on the packed batch's
+    samples (`segment_id`), checked against a per-sample recomputation from the flat packed targets."""
+    import trl_aspo.async_trainer as async_trainer
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.losses import asymmetric_policy_loss, entropy_split_mask
+
+    calls = []
+
+    def loss_spy(*args, **kwargs):
+        per_token_loss, stats = asymmetric_policy_loss(*args, **kwargs)
+        calls.append({"args": args, "kwargs": kwargs, "per_token_loss": per_token_loss.detach()})
+        return per_token_loss, stats
+
+    def split_spy(entropies, mask, quantile):
+        calls_split.append((entropies, mask, quantile))
+        return entropy_split_mask(entropies, mask, quantile)
+
+    calls_split = []
+    monkeypatch.setattr(async_trainer, "asymmetric_policy_loss", loss_spy)
+    monkeypatch.setattr(async_trainer, "entropy_split_mask", split_spy)
+    samples = scripted_samples(tokenizer, [0] * 12, groups_of=1, prompt_rows=list(range(12)))
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=2, num_generations=1),
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        aspo_aggregation="sequence",
+        aspo_entropy_quantile=0.5,
+        aspo_unflipped_fraction=0.5,
+    )
+    trainer = scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples)
+    batches, returned = [], []
+    compute_loss = trainer.compute_loss
+
+    def recording_compute_loss(model, inputs, *rest, **kwargs):
+        batches.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
+        loss = compute_loss(model, inputs, *rest, **kwargs)
+        returned.append(loss.detach())
+        return loss
+
+    trainer.compute_loss = recording_compute_loss
+    trainer.train()
+
+    assert len(calls) == len(batches) == 2 and len(calls_split) == 2
+    assert max(int((call["args"][2][:, 0] > 0).sum()) for call in calls) >= 2, "the unflipped draw would be vacuous"
+    for call, batch, loss, (entropies, mask, _) in zip(calls, batches, returned, calls_split, strict=True):
+        selected = batch["token_index"] >= 0
+        segment_id = batch["segment_id"][selected].tolist()
+        flat_old = batch["old_log_probs"][selected]
+        flat_advantages = batch["advantages"][selected]
+        old_rows, advantage_rows = call["args"][1], call["args"][2]
+        per_token_loss = call["per_token_loss"]
+        sample_means = []
+        for sample in sorted(set(segment_id)):
+            targets = [m for m, s in enumerate(segment_id) if s == sample]
+            count = len(targets)
+            torch.testing.assert_close(old_rows[sample, :count], flat_old[targets])
+            torch.testing.assert_close(advantage_rows[sample, :count], flat_advantages[targets])
+            assert bool(mask[sample, :count].all()) and not bool(mask[sample, count:].any())
+            # Entropy split: strictly above the sample's own median (torch.quantile, linear interpolation).
+            own = entropies[sample, :count]
+            expected_high = own > torch.quantile(own.float(), 0.5)
+            assert call["kwargs"]["high_entropy_mask"][sample, :count].tolist() == expected_high.tolist()
+            sample_means.append(per_token_loss[sample, :count].sum() / count)
+        # Sequence aggregation: the mean over samples of each sample's token mean (one accumulation step).
+        torch.testing.assert_close(loss, torch.stack(sample_means).mean().to(loss.dtype))
+        positives = int((advantage_rows[:, 0] > 0).sum())
+        unflipped = call["kwargs"]["unflipped_mask"]
+        assert int(unflipped.sum()) == round(0.5 * positives)
+        assert bool((advantage_rows[:, 0][unflipped] > 0).all())

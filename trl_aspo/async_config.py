@@ -19,10 +19,6 @@ ASYNC_LOSS_TYPES = ("ppo", "aspo")
 
 _NOT_YET = "the asynchronous trainer does not implement it yet"
 ASYNC_UNSUPPORTED_FIELDS = {
-    "aspo_aggregation": f"'sequence' aggregation over packed rows: {_NOT_YET}",
-    "aspo_entropy_quantile": f"entropy-split clipping: {_NOT_YET}",
-    "aspo_epsilon_high_entropy": f"entropy-split clipping: {_NOT_YET}",
-    "aspo_unflipped_fraction": f"unflipped share: {_NOT_YET}",
     "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
     "filter_zero_variance_groups": _NOT_YET,

@@ -22,7 +22,14 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
-from .losses import asymmetric_policy_loss, progressive_flip_threshold
+from .losses import (
+    aggregate_loss,
+    asymmetric_policy_loss,
+    entropy_split_mask,
+    progressive_flip_threshold,
+    unflipped_sample_mask,
+)
+from .packed import SegmentRows
 from .prompt_ids import prompt_key
 from .single_stream import (
     StepScorer,
@@ -98,6 +105,7 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         self._call_token_ids = (
             resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
         )
+        self._aspo_micro_batches = 0  # seeds the per-micro-batch draw of aspo_unflipped_fraction
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):
@@ -212,28 +220,51 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
         outputs = captured["outputs"]
         selected = inputs["token_index"] >= 0
-        log_probs = outputs.log_probs.flatten()[inputs["token_index"][selected]].unsqueeze(0)
-        old_log_probs = inputs["old_log_probs"][selected].unsqueeze(0)
-        advantages = inputs["advantages"][selected].unsqueeze(0)
+        token_index = inputs["token_index"][selected]
+        rows = SegmentRows(inputs["segment_id"][selected])
+        log_probs = rows.to_rows(outputs.log_probs.flatten()[token_index])
+        old_log_probs = rows.to_rows(inputs["old_log_probs"][selected])
+        advantages = rows.to_rows(inputs["advantages"][selected])
+        args = self.args
+        high_entropy = None
+        if args.aspo_entropy_quantile is not None:
+            entropies = rows.to_rows(outputs.entropy.flatten()[token_index].detach())
+            high_entropy = entropy_split_mask(entropies, rows.mask, args.aspo_entropy_quantile)
+        unflipped = None
+        if args.aspo_unflipped_fraction > 0:
+            # Drawn among this micro-batch's positive-advantage samples (the synchronous trainer draws per round).
+            generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self._aspo_micro_batches)
+            unflipped = unflipped_sample_mask(advantages[:, 0], args.aspo_unflipped_fraction, generator)
+        self._aspo_micro_batches += 1
         per_token_loss, stats = asymmetric_policy_loss(
             log_probs,
             old_log_probs,
             advantages,
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
-            dual_clip=self.args.aspo_dual_clip,
-            dual_clip_pos=self.args.aspo_dual_clip_pos,
-            dual_clip_neg=self.args.aspo_dual_clip_neg,
+            dual_clip=args.aspo_dual_clip,
+            dual_clip_pos=args.aspo_dual_clip_pos,
+            dual_clip_neg=args.aspo_dual_clip_neg,
+            high_entropy_mask=high_entropy,
+            epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
+            epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,
             flip_threshold=progressive_flip_threshold(
-                self.state.global_step, self.args.aspo_flip_threshold_start, self.args.aspo_flip_decay_steps
+                self.state.global_step, args.aspo_flip_threshold_start, args.aspo_flip_decay_steps
             ),
+            unflipped_mask=unflipped,
         )
-        # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).
-        tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-        loss = per_token_loss.sum() / tokens_per_rank.to(torch.float32) / self.current_gradient_accumulation_steps
+        if args.aspo_aggregation == "token":
+            # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).
+            tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
+            loss = aggregate_loss(per_token_loss, rows.mask, "token", tokens_per_rank.to(per_token_loss.dtype))
+        else:
+            loss = aggregate_loss(per_token_loss, rows.mask, "sequence")
+        loss = loss / self.current_gradient_accumulation_steps
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
-        self._log_aspo_metrics(stats, per_token_loss.detach())
+        self._log_aspo_metrics(
+            {name: value[rows.mask] for name, value in stats.items()}, per_token_loss.detach()[rows.mask]
+        )
         return loss
 
     def _log_aspo_metrics(self, stats: dict[str, torch.Tensor], per_token_loss: torch.Tensor) -> None:

@@ -449,3 +449,41 @@ def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, mon
         unflipped = call["kwargs"]["unflipped_mask"]
         assert int(unflipped.sum()) == round(0.5 * positives)
         assert bool((advantage_rows[:, 0][unflipped] > 0).all())
+
+
+def test_zero_variance_std_marks_the_groups_zero_variance_groups_marks():
+    from trl_aspo.filters import zero_variance_from_std, zero_variance_groups
+
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, float("nan"), float("nan"), 0.5, float("nan")])
+    grouped = rewards.view(-1, 2)
+    # The worker's statistic: population std over the group's scorable rewards (NaN when none is scorable).
+    scorable = [row[~torch.isnan(row)] for row in grouped]
+    stds = torch.tensor([row.std(correction=0).item() if row.numel() else math.nan for row in scorable])
+    assert zero_variance_from_std(stds).tolist() == zero_variance_groups(rewards, 2)[::2].tolist()
+    assert zero_variance_from_std(stds).tolist() == [True, False, True, True]
+
+
+def test_zero_variance_groups_are_dropped_before_they_fill_a_step(tmp_path, tokenizer):
+    """Async `filter_zero_variance_groups`: samples of all-equal groups (the worker's `reward_std` is 0) never reach
+    a step, which fills with informative samples instead, and their groups count as consumed."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    samples = scripted_samples(tokenizer, [0] * 24, groups_of=2)  # groups 0..11, two samples each; spare read-ahead
+    for sample in samples:
+        if sample.group_id in (1, 4):
+            sample.metrics["reward_std"] = 0.0
+    args = AsyncASPOConfig(**base_fields(tmp_path, max_steps=2), filter_zero_variance_groups=True)
+    trainer = scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples)
+    scored, shares = [], []
+    score_step = trainer._score_step
+
+    def recording_score_step(step):
+        scored.append([sample.group_id for sample in step])
+        shares.append(trainer._metrics["train"]["filter/zero_variance_dropped_share"][-1])  # this step's share
+        return score_step(step)
+
+    trainer._score_step = recording_score_step
+    trainer.train()
+    assert scored[:2] == [[0, 0, 2, 2], [3, 3, 5, 5]]
+    assert shares[:2] == pytest.approx([2 / 6, 2 / 6])  # each step: 2 dropped of the 6 samples taken
+    assert {1, 4} <= trainer._trained_groups

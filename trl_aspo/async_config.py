@@ -21,7 +21,6 @@ _NOT_YET = "the asynchronous trainer does not implement it yet"
 ASYNC_UNSUPPORTED_FIELDS = {
     "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
-    "filter_zero_variance_groups": _NOT_YET,
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,
     "tool_shaping_interactive_bonus": _NOT_YET,
@@ -65,8 +64,13 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
 
     @property
     def scores_on_trainer(self) -> bool:
-        """Whether the trainer replaces the worker's per-group advantage by its own scoring."""
-        return self.advantage_estimator != "group" or self.advantage_normalization != "group" or self.tool_shaping
+        """Whether the trainer scores (and filters) each optimizer step's samples itself."""
+        return (
+            self.advantage_estimator != "group"
+            or self.advantage_normalization != "group"
+            or self.tool_shaping
+            or self.filter_zero_variance_groups
+        )
 
     def _validate_loss_coupling(self, require) -> None:
         require(self.loss_type in ASYNC_LOSS_TYPES, "loss_type", f"must be one of {ASYNC_LOSS_TYPES}")

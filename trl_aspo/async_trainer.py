@@ -22,6 +22,7 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .filters import zero_variance_from_std
 from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
@@ -69,7 +70,9 @@ class _RecordingQueue:
 class StepScoringDataset(torch.utils.data.IterableDataset):
     """Yields TRL's rollout items one optimizer step (`step_size` samples) at a time, with the trainer's advantages.
 
-    The step's samples are taken together, so TRL's staleness check sees them all at the same model version."""
+    The step's samples are taken together, so TRL's staleness check sees them all at the same model version. With
+    `filter_zero_variance_groups`, samples of groups whose rewards are all equal are dropped before they count, so
+    the step fills with samples that carry a signal (DAPO's dynamic sampling)."""
 
     def __init__(self, dataset, recorder: _RecordingQueue, trainer: AsyncASPOTrainer, step_size: int):
         self.dataset = dataset
@@ -78,15 +81,22 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
         self.step_size = step_size
 
     def __iter__(self):
-        pending = []
+        pending, dropped = [], 0
         for item in self.dataset:
-            pending.append((item, self.recorder.last))
+            sample = self.recorder.last
+            if self.trainer._filtered_out(sample):
+                dropped += 1
+                continue
+            pending.append((item, sample))
             if len(pending) < self.step_size:
                 continue
+            if self.trainer.args.filter_zero_variance_groups:
+                share = dropped / (dropped + self.step_size)
+                self.trainer._metrics["train"]["filter/zero_variance_dropped_share"].append(share)
             advantages = self.trainer._score_step([sample for _, sample in pending])
             for (item, _), advantage in zip(pending, advantages.tolist(), strict=True):
                 yield {**item, "advantage": advantage}
-            pending = []
+            pending, dropped = [], 0
 
 
 class AsyncASPOTrainer(AsyncGRPOTrainer):
@@ -148,6 +158,16 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
         return scored.advantages
+
+    def _filtered_out(self, sample) -> bool:
+        """Whether `filter_zero_variance_groups` drops the sample: its group's rewards are all equal. The group counts
+        as consumed, so a resume does not regenerate it (TRL resumes at the first group it has not trained)."""
+        if not self.args.filter_zero_variance_groups or self.args.num_generations < 2:
+            return False
+        if not bool(zero_variance_from_std(torch.tensor(sample.metrics["reward_std"]))):
+            return False
+        self._trained_groups.add(sample.group_id)
+        return True
 
     def _correctness_scores(self, samples) -> torch.Tensor | None:
         """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""

@@ -25,3 +25,10 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     lowest = torch.where(scorable, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
     equal = (highest == lowest) | ~scorable.any(dim=1)
     return equal.repeat_interleave(group_size)
+
+
+def zero_variance_from_std(reward_std: torch.Tensor) -> torch.Tensor:
+    """Bool like ``reward_std``: True where a group's reward standard deviation (over its scorable rewards) is 0, or
+    NaN because no reward was scorable. The same groups as :func:`zero_variance_groups`, for samples that carry their
+    group's statistic (the asynchronous rollout worker stamps ``reward_std`` on each) instead of the whole group."""
+    return ~(reward_std > 0)

@@ -8,6 +8,8 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
   batcher; it takes one optimizer step's samples and replaces their advantages with `single_stream.StepScorer`'s
   (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
 - The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
+- `prioritized_sampling`: the rollout worker draws each prompt group by priority from weights in shared memory
+  (trl_aspo.prompt_stream) that the trainer refreshes from the tracker after scoring each step.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
   the generator's log-probs as the old policy.
 
@@ -16,6 +18,7 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
+import datasets
 import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
@@ -24,6 +27,7 @@ from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint
 from .event_values import AsyncEventValues
 from .losses import asymmetric_policy_loss
 from .prompt_ids import prompt_key
+from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .single_stream import StepScorer
 from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
 
@@ -85,6 +89,46 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         self._call_token_ids = (
             resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
         )
+        self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
+
+    # ---------------------------------------------------------------- prioritized prompt stream
+    def _start_prompt_priorities(self) -> PromptPriorities:
+        """Per-row priorities of `train_dataset` from the tracker, handed to the rollout worker's loop."""
+        dataset = self.train_dataset
+        if not isinstance(dataset, datasets.Dataset):
+            raise ValueError(
+                "AsyncASPOConfig.prioritized_sampling=True needs train_dataset to be a map-style datasets.Dataset "
+                f"(the worker draws rows by index), got {type(dataset).__name__}."
+            )
+        # The key `_score_step` gives a sample (its prompt's content hash), so scored prompts map back to rows.
+        self._dataset_keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+        self._rows_of_key: dict[str, list[int]] = {}
+        for row, key in enumerate(self._dataset_keys):
+            self._rows_of_key.setdefault(key, []).append(row)
+        priorities = PromptPriorities(
+            self._priority_values(self._dataset_keys), seed=self.args.seed, epsilon=self.args.priority_epsilon
+        )
+        if self.rollout_worker is not None:
+            attach_prompt_priorities(self.rollout_worker, priorities)
+        return priorities
+
+    def _priority_values(self, keys: list[str]) -> torch.Tensor:
+        """Tracker values of `keys` for the next samples: spo++ reads them at the next model version, so every
+        outcome received so far is visible."""
+        if isinstance(self._scorer.tracker, AsyncEventValues):
+            return self._scorer.tracker.value(keys, self.model_version + 1)
+        return self._scorer.tracker.value(keys)
+
+    def _refresh_priorities(self, keys: list[str]) -> None:
+        """Recompute the weights of the rows of `keys` (a value changes only when its prompt gets an outcome)."""
+        rows = [row for key in dict.fromkeys(keys) for row in self._rows_of_key.get(key, ())]
+        self._prompt_priorities.update(rows, self._priority_values([self._dataset_keys[row] for row in rows]))
+        self._metrics["train"]["value/effective_prompts"].append(self._prompt_priorities.effective_prompts())
+
+    def _after_tracker_restored(self) -> None:
+        """After a resume replaced the tracker: every row's weight from it."""
+        if self._prompt_priorities is not None:
+            self._refresh_priorities(self._dataset_keys)
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):
@@ -107,11 +151,12 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
     def _score_step(self, samples) -> torch.Tensor:
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
         masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
+        keys = [prompt_key(sample.prompt) for sample in samples]
         tool_positions = None
         if self.args.tool_shaping:
             tool_positions = torch.stack([self._first_call_position(sample) for sample in samples])
         scored = self._scorer.score(
-            keys=[prompt_key(sample.prompt) for sample in samples],
+            keys=keys,
             rewards=torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64),
             versions=[sample.model_version for sample in samples],
             token_counts=torch.stack([mask.sum() for mask in masks]),
@@ -124,6 +169,8 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
+        if self._prompt_priorities is not None:
+            self._refresh_priorities(keys)
         return scored.advantages
 
     def _first_call_position(self, sample) -> torch.Tensor:
@@ -169,6 +216,7 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             ) from None
         if isinstance(self._scorer.tracker, AsyncEventValues):
             self._scorer.tracker.rho = self.args.value_rho  # a changed value_rho applies from the resume on
+        self._after_tracker_restored()
 
     # ---------------------------------------------------------------- asymmetric loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -109,6 +109,8 @@ def trainer_eos_token_ids(model: PreTrainedModel, processing_class: PreTrainedTo
 class LocalRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: TRL's rollout loop on a thread, sampling on a CPU policy copy.
 
+    Like TRL's `AsyncRolloutWorker`, it builds its loop (`_loop_cls`) from `_loop_kwargs` when it starts.
+
     Args:
         model: the path `AsyncGRPOTrainer` loads its policy from (or `builtin:tiny-calculator`); the copy is loaded
             from it the same way (with `args.dtype` and standard attention).
@@ -122,6 +124,8 @@ class LocalRolloutWorker:
         jitter_s: each turn waits `U(0, jitter_s)` seconds before sampling (0: none), so groups finish out of order.
         seed: seed of the jitter and of each turn's sampling stream.
     """
+
+    _loop_cls: type[_LocalRolloutLoop] = _LocalRolloutLoop
 
     def __init__(
         self,
@@ -164,7 +168,8 @@ class LocalRolloutWorker:
         self._heartbeat = SharedValue(time.time())
         self._failed = threading.Event()
         self._exception_info: queue.Queue = queue.Queue(maxsize=1)
-        self._loop = _LocalRolloutLoop(
+        # The loop is built at `start` from these, so a prompt stream can be attached first (trl_aspo.prompt_stream).
+        self._loop_kwargs = dict(
             policy=self.policy,
             policy_lock=self.policy_lock,
             jitter_s=jitter_s,
@@ -197,6 +202,7 @@ class LocalRolloutWorker:
             num_completions_to_print=args.num_completions_to_print,
             fork_threshold_tokens=args.fork_threshold_tokens,
         )
+        self._loop: _LocalRolloutLoop | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -209,6 +215,7 @@ class LocalRolloutWorker:
     def start(self) -> None:
         if self._thread is not None:
             return
+        self._loop = self._loop_cls(**self._loop_kwargs)
         self._heartbeat.value = time.time()
         self._thread = threading.Thread(target=self._run, name="local-rollout-worker", daemon=True)
         self._thread.start()

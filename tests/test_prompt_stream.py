@@ -1,0 +1,277 @@
+"""Prioritized sampling on the asynchronous worker's prompt stream (trl_aspo.prompt_stream): the draw, its shared
+weights across a spawned process, attaching it to workers, and AsyncASPOTrainer runs on the local worker and on TRL's
+own worker process."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import pickle
+
+import pytest
+import torch
+from async_common import MODEL, async_fields, calculator_tokenizer
+
+from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.prompt_ids import prompt_key
+from trl_aspo.prompt_stream import (
+    PrioritizedLocalRolloutLoop,
+    PrioritizedPromptLoop,
+    PrioritizedUrllibRolloutLoop,
+    PromptPriorities,
+    attach_prompt_priorities,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return calculator_tokenizer()
+
+
+# The draw
+
+
+def test_weights_are_the_bernoulli_std_plus_the_floor():
+    priorities = PromptPriorities(torch.tensor([1.0, 0.5, 0.0, 0.9]), epsilon=0.05)
+    # sqrt(v (1 - v)) + 0.05: 0 + 0.05, 0.5 + 0.05, 0 + 0.05, 0.3 + 0.05
+    torch.testing.assert_close(priorities.weights, torch.tensor([0.05, 0.55, 0.05, 0.35], dtype=torch.float64))
+    priorities.update([3], torch.tensor([0.5]))
+    assert priorities.weights.tolist() == pytest.approx([0.05, 0.55, 0.05, 0.55])
+    # Kish: (0.05 + 0.55 + 0.05 + 0.55)^2 / (2 * 0.05^2 + 2 * 0.55^2) = 1.44 / 0.61
+    assert priorities.effective_prompts() == pytest.approx(1.44 / 0.61)
+
+
+def test_draw_frequencies_follow_the_weights():
+    priorities = PromptPriorities(torch.tensor([1.0, 0.5, 0.5, 0.5]), seed=3)
+    draws = 6000
+    counts = torch.bincount(torch.tensor([priorities.draw(group) for group in range(draws)]), minlength=4)
+    # Weights 0.05, 0.55, 0.55, 0.55 out of 1.7: p = 1/34 and 11/34.
+    for row, p in enumerate([1 / 34, 11 / 34, 11 / 34, 11 / 34]):
+        sd = math.sqrt(draws * p * (1 - p))
+        assert abs(int(counts[row]) - draws * p) < 4 * sd, (row, int(counts[row]), draws * p)
+
+
+def test_a_draw_depends_only_on_seed_group_and_weights():
+    values = torch.linspace(0.0, 1.0, 9)
+    first, second = PromptPriorities(values, seed=7), PromptPriorities(values, seed=7)
+    drawn = [first.draw(group) for group in range(200)]
+    assert drawn == [second.draw(group) for group in reversed(range(200))][::-1]  # any order of groups
+    assert drawn != [PromptPriorities(values, seed=8).draw(group) for group in range(200)]
+    second.update(list(range(9)), torch.full((9,), 0.5))
+    assert drawn != [second.draw(group) for group in range(200)]
+    second.update(list(range(9)), values)
+    assert drawn == [second.draw(group) for group in range(200)]
+
+
+def test_bad_priorities_input_is_refused():
+    with pytest.raises(ValueError, match="`epsilon` must be > 0"):
+        PromptPriorities(torch.tensor([0.5]), epsilon=0.0)
+    with pytest.raises(ValueError, match="one value per dataset row"):
+        PromptPriorities(torch.tensor([]))
+    priorities = PromptPriorities(torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match=r"`rows` must lie in \[0, 2\)"):
+        priorities.update([2], torch.tensor([0.5]))
+    with pytest.raises(ValueError, match=r"must be finite and lie in \[0, 1\]"):
+        priorities.update([0], torch.tensor([1.5]))
+    with pytest.raises(ValueError, match="`group_index` must be a non-negative integer"):
+        priorities.draw(-1)
+
+
+def _child_draws(priorities, updated, answers) -> None:
+    answers.put(("before", priorities.weights.tolist(), priorities.draw(0)))
+    updated.wait(60)
+    answers.put(("after", priorities.weights.tolist(), [priorities.draw(group) for group in range(50)]))
+
+
+def test_a_spawned_child_sees_weights_updated_after_it_started():
+    priorities = PromptPriorities(torch.tensor([0.5, 0.5, 0.5, 0.5]), seed=1)
+    copy = pickle.loads(pickle.dumps({"prompt_priorities": priorities}))["prompt_priorities"]  # TRL's check
+    assert copy.weights.tolist() == priorities.weights.tolist()
+    context = multiprocessing.get_context("spawn")
+    updated, answers = context.Event(), context.Queue()
+    child = context.Process(target=_child_draws, args=(priorities, updated, answers), daemon=True)
+    child.start()
+    try:
+        assert answers.get(timeout=120)[1] == [0.55] * 4
+        priorities.update([0, 1, 2], torch.tensor([1.0, 1.0, 0.0]))
+        updated.set()
+        label, weights, drawn = answers.get(timeout=60)
+    finally:
+        child.join(30)
+    assert label == "after" and weights == pytest.approx([0.05, 0.05, 0.05, 0.55])
+    assert drawn == [priorities.draw(group) for group in range(50)]
+    assert drawn.count(3) > 25  # row 3 carries 11/14 of the weight
+
+
+# Attaching to workers
+
+
+def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, tokenizer):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from trl_aspo.async_infra import UrllibRolloutWorker
+
+    dataset = make_dataset("train", 4, seed=0)
+    priorities = PromptPriorities(torch.full((4,), 0.5))
+    trl_worker = UrllibRolloutWorker(dataset=dataset, num_generations=2)
+    attach_prompt_priorities(trl_worker, priorities)
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    assert trl_worker._loop_kwargs["prompt_priorities"] is priorities
+    assert pickle.loads(pickle.dumps(PrioritizedUrllibRolloutLoop)) is PrioritizedUrllibRolloutLoop  # by reference
+
+    args = AsyncGRPOConfig(**async_fields(tmp_path, num_generations=2))
+    local = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    attach_prompt_priorities(local, priorities)
+    assert local._loop_cls is PrioritizedLocalRolloutLoop
+
+    class OtherLoop(type(trl_worker)._loop_cls):
+        pass
+
+    trl_worker._loop_cls = OtherLoop
+    with pytest.raises(TypeError, match="prioritized_sampling=True: the worker's loop class .*OtherLoop has no"):
+        attach_prompt_priorities(trl_worker, priorities)
+    with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a object"):
+        attach_prompt_priorities(object(), priorities)
+    assert issubclass(PrioritizedLocalRolloutLoop, PrioritizedPromptLoop)
+
+
+# AsyncASPOTrainer
+
+
+def certain_half_init_file(tmp_path, dataset) -> tuple[str, set[str]]:
+    """A value_init_file putting every even row at value 1 - 1e-12 (Beta(1e6, 1e-6)): weight ~2e-6 at
+    priority_epsilon=1e-6, against >= ~0.1 for a prompt whose value is anywhere in [0.01, 0.99]."""
+    keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+    certain = set(keys[0::2])
+    path = tmp_path / "init.json"
+    path.write_text(json.dumps([{"prompt_id": key, "alpha": 1e6, "beta": 1e-6} for key in sorted(certain)]))
+    return str(path), certain
+
+
+def prioritized_fields(tmp_path, init_file, **overrides):
+    fields = dict(per_device_train_batch_size=4, num_generations=1, max_steps=3, max_inflight_tasks=1)
+    return dict(
+        **async_fields(tmp_path, **{**fields, **overrides}),
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        prioritized_sampling=True,
+        priority_epsilon=1e-6,
+        value_init_file=init_file,
+    )
+
+
+def recording_scores(trainer) -> list:
+    samples, score_step = [], trainer._score_step
+
+    def recording_score_step(step_samples):
+        samples.extend(step_samples)
+        return score_step(step_samples)
+
+    trainer._score_step = recording_score_step
+    return samples
+
+
+@pytest.mark.slow
+def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 32, seed=0)
+    init_file, certain = certain_half_init_file(tmp_path, dataset)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, init_file))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
+    trainer = AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    assert worker._loop_cls is PrioritizedLocalRolloutLoop
+    # Every sample's key (the scorer's) is a dataset row's key (the priorities'): chat prompts hash alike.
+    assert {prompt_key(sample["prompt"]) for sample in dataset} == set(trainer._dataset_keys)
+    samples = recording_scores(trainer)
+    trainer.train()
+
+    keys = [prompt_key(sample.prompt) for sample in samples]
+    assert len(keys) >= 12 and set(keys) <= set(trainer._dataset_keys)
+    # TRL's cycling would give rows 0, 1, 2, ... (half of them certain); each draw of a certain prompt has
+    # probability < 16 * 2e-6 / (16 * 0.1) = 2e-5.
+    assert not set(keys) & certain
+    assert len(set(keys)) > 1
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert len(logs) == 3 and all(math.isfinite(log["loss"]) for log in logs)
+    # 16 rows at ~0.5 and 16 at ~2e-6 start at an effective 16 prompts; observed rows only lose weight from 0.5.
+    effective = [log["value/effective_prompts"] for log in logs]
+    assert all(1.0 < value <= 16.0 + 1e-3 for value in effective)
+    # The shared weights are the tracker's values with every received outcome visible (version after the newest).
+    values = trainer._scorer.tracker.value(trainer._dataset_keys, trainer.model_version + 1)
+    torch.testing.assert_close(trainer._prompt_priorities.weights, (values * (1 - values)).sqrt() + 1e-6)
+
+
+def test_prioritized_sampling_refuses_a_non_map_dataset_and_other_workers(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 8, seed=0)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, None))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    common = dict(
+        reward_funcs=correctness_reward,
+        args=args,
+        processing_class=tokenizer,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    with pytest.raises(ValueError, match="prioritized_sampling=True needs train_dataset to be a map-style"):
+        AsyncASPOTrainer(MODEL, **common, train_dataset=dataset.to_iterable_dataset(), rollout_worker=worker)
+
+    class OwnWorker:
+        rollout_buffer = metrics_queue = None
+
+    with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a OwnWorker"):
+        AsyncASPOTrainer(MODEL, **common, train_dataset=dataset, rollout_worker=OwnWorker())
+
+
+@pytest.mark.slow
+def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
+    """TRL's own spawned worker (urllib transport, stand-in vLLM server): the tracker state crosses the process
+    boundary as the weights the child draws from."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 16, seed=0)
+    init_file, certain = certain_half_init_file(tmp_path, dataset)
+    server = StandInVLLMServer(MODEL).start()
+    try:
+        args = AsyncASPOConfig(
+            **prioritized_fields(tmp_path, init_file, max_steps=2, max_inflight_tasks=4),
+            vllm_server_base_url=server.url,
+        )
+        trainer = AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            weight_transfer=HTTPWeightTransfer(server.url),
+        )
+        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
+        assert trainer.rollout_worker._loop_cls is PrioritizedUrllibRolloutLoop
+        samples = recording_scores(trainer)
+        trainer.train()
+    finally:
+        server.stop()
+    keys = [prompt_key(sample.prompt) for sample in samples]
+    assert len(keys) >= 8 and set(keys) <= set(trainer._dataset_keys)
+    assert not set(keys) & certain  # each such draw has probability < 8 * 2e-6 / (8 * 0.1) = 2e-5
+    assert trainer._scorer.tracker.visits(sorted(set(keys))).sum() == len(keys)
+    assert trainer._scorer.tracker.num_tracked == 8 + len(set(keys))  # the init file's 8, then the drawn ones
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)

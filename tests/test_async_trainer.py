@@ -305,3 +305,46 @@ def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
     )
     with pytest.raises(ValueError, match="checkpoint-2 holds no trl-aspo state .* advantage_estimator='spo\\+\\+'"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+
+
+@pytest.mark.slow
+def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer):
+    """Save at step 2 of a 3-step run, resume from it: the resumed local worker's groups are the prompts the
+    uninterrupted run generated from the checkpoint's first untrained group on, and model versions count on."""
+    import json
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    def run(resume_from_checkpoint=None):
+        fields = base_fields(tmp_path, max_steps=3, num_generations=1, save_strategy="steps", save_steps=2)
+        trainer = make_trainer(
+            AsyncASPOTrainer,
+            AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0]),
+            tokenizer,
+        )
+        arrivals = {}  # group id -> (prompt, model version) of every sample the trainer took
+        take = trainer.rollout_worker.rollout_buffer.get
+
+        def recording_get(*args, **kwargs):
+            sample = take(*args, **kwargs)
+            arrivals.setdefault(sample.group_id, (sample.prompt, sample.model_version))
+            return sample
+
+        trainer.rollout_worker.rollout_buffer.get = recording_get
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+        return arrivals
+
+    uninterrupted = run()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    rollout_state = json.loads((checkpoint / "rollout_state.json").read_text())
+    first_untrained = rollout_state["prompt_index"]
+    assert first_untrained >= 8  # 2 steps of 4 one-sample groups, plus any group dropped as stale
+    assert rollout_state["model_version"] == 3  # the cold sync makes version 1, then one sync per step
+    resumed = run(str(checkpoint))
+
+    dataset = make_dataset("train", 32, seed=0)
+    assert resumed[0][0] == dataset[first_untrained]["prompt"] != dataset[0]["prompt"]
+    assert resumed[0][1] >= 3  # versions count on from the checkpoint's
+    shared = [group for group in resumed if first_untrained + group in uninterrupted]
+    assert 0 in shared
+    assert all(resumed[group][0] == uninterrupted[first_untrained + group][0] for group in shared)

@@ -125,6 +125,14 @@ def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, token
     local = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
     attach_prompt_priorities(local, priorities)
     assert local._loop_cls is PrioritizedLocalRolloutLoop
+    # A worker resumed at group 5 (TRL's dataset_start_index) draws groups 5, 6, ... under TRL's group ids 0, 1, ...
+    local._loop_kwargs["dataset_start_index"] = 5
+    loop = local._loop_cls(**local._loop_kwargs)
+    stream = loop._repeat_iterator()
+    assert [priorities.draw(group) for group in range(3)] != [priorities.draw(5 + group) for group in range(3)]
+    expected = [(group, dataset[priorities.draw(5 + group)]) for group in range(3) for _ in range(2)]
+    assert [next(stream) for _ in range(6)] == expected
+    loop._sampler.shutdown()
 
     class OtherLoop(type(trl_worker)._loop_cls):
         pass

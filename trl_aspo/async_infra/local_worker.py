@@ -109,7 +109,9 @@ def trainer_eos_token_ids(model: PreTrainedModel, processing_class: PreTrainedTo
 class LocalRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: TRL's rollout loop on a thread, sampling on a CPU policy copy.
 
-    Like TRL's `AsyncRolloutWorker`, it builds its loop (`_loop_cls`) from `_loop_kwargs` when it starts.
+    Like TRL's `AsyncRolloutWorker`, it builds its loop (`_loop_cls`) from `_loop_kwargs` when it starts, and the
+    loop begins at `_loop_kwargs["dataset_start_index"]`: `AsyncASPOTrainer` sets it on resume from the checkpoint's
+    `rollout_state.json`, as `AsyncGRPOTrainer` does for its own worker (and for no other).
 
     Args:
         model: the path `AsyncGRPOTrainer` loads its policy from (or `builtin:tiny-calculator`); the copy is loaded
@@ -201,6 +203,7 @@ class LocalRolloutWorker:
             log_completions=args.log_completions,
             num_completions_to_print=args.num_completions_to_print,
             fork_threshold_tokens=args.fork_threshold_tokens,
+            dataset_start_index=0,
         )
         self._loop: _LocalRolloutLoop | None = None
         self._thread: threading.Thread | None = None

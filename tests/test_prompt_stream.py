@@ -248,17 +248,18 @@ def test_prioritized_sampling_refuses_a_non_map_dataset_and_other_workers(tmp_pa
 @pytest.mark.slow
 def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
     """TRL's own spawned worker (urllib transport, stand-in vLLM server): the tracker state crosses the process
-    boundary as the weights the child draws from."""
+    boundary as the weights the child draws from, also when it changes after the child was spawned."""
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
 
     install_cpu_fallbacks()
     dataset = make_dataset("train", 16, seed=0)
     init_file, certain = certain_half_init_file(tmp_path, dataset)
+    revived = prompt_key(dataset[0]["prompt"])  # certain (never drawn) until the child has been spawned
     server = StandInVLLMServer(MODEL).start()
     try:
         args = AsyncASPOConfig(
-            **prioritized_fields(tmp_path, init_file, max_steps=2, max_inflight_tasks=4),
+            **prioritized_fields(tmp_path, init_file, max_steps=2, max_inflight_tasks=1),
             vllm_server_base_url=server.url,
         )
         trainer = AsyncASPOTrainer(
@@ -272,14 +273,29 @@ def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
         )
         assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
         assert trainer.rollout_worker._loop_cls is PrioritizedUrllibRolloutLoop
+        spawn = trainer.rollout_worker.start
+
+        def spawn_then_swap_certainty():
+            spawn()
+            # Now the tracker deems every prompt certain but `revived`, which starts afresh at Beta(0.5, 0.5).
+            others = [key for key in trainer._dataset_keys if key != revived]
+            trainer._scorer.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
+            trainer._scorer.tracker.set_pseudo_counts([revived], [0.5], [0.5])
+            trainer._after_tracker_restored()
+
+        trainer.rollout_worker.start = spawn_then_swap_certainty
         samples = recording_scores(trainer)
         trainer.train()
     finally:
         server.stop()
     keys = [prompt_key(sample.prompt) for sample in samples]
     assert len(keys) >= 8 and set(keys) <= set(trainer._dataset_keys)
-    assert not set(keys) & certain  # each such draw has probability < 8 * 2e-6 / (8 * 0.1) = 2e-5
-    assert trainer._scorer.tracker.visits(sorted(set(keys))).sum() == len(keys)
-    assert trainer._scorer.tracker.num_tracked == 8 + len(set(keys))  # the init file's 8, then the drawn ones
+    # With the weights as the child was spawned, `revived` (weight ~2e-6 against >= 8 * 0.1) comes up with
+    # probability < 2e-5 per draw; after the swap it carries all but ~15 * 2e-6 / 0.5 of the weight. Groups drawn
+    # before the swap (the child starts drawing as soon as it is up) come from the uncertain half.
+    assert revived in keys
+    assert not set(keys) & (certain - {revived})
+    assert keys[-1] == revived
+    assert trainer._scorer.tracker.visits([revived]).item() == keys.count(revived)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)

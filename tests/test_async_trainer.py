@@ -307,21 +307,36 @@ def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
 
 
+def resuming_async_grpo_trainer():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from trl_aspo.async_infra import LocalWorkerResumeMixin
+
+    class ResumingAsyncGRPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
+        pass
+
+    return ResumingAsyncGRPOTrainer
+
+
 @pytest.mark.slow
-def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer):
+@pytest.mark.parametrize("trainer_name", ["AsyncASPOTrainer", "AsyncGRPOTrainer with LocalWorkerResumeMixin"])
+def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer, trainer_name):
     """Save at step 2 of a 3-step run, resume from it: the resumed local worker's groups are the prompts the
     uninterrupted run generated from the checkpoint's first untrained group on, and model versions count on."""
     import json
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
     def run(resume_from_checkpoint=None):
         fields = base_fields(tmp_path, max_steps=3, num_generations=1, save_strategy="steps", save_steps=2)
-        trainer = make_trainer(
-            AsyncASPOTrainer,
-            AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0]),
-            tokenizer,
-        )
+        if trainer_name == "AsyncASPOTrainer":
+            args = AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0])
+            trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
+        else:
+            fields["num_generations"] = 2  # TRL's group z-score
+            trainer = make_trainer(resuming_async_grpo_trainer(), AsyncGRPOConfig(**fields), tokenizer)
         arrivals = {}  # group id -> (prompt, model version) of every sample the trainer took
         take = trainer.rollout_worker.rollout_buffer.get
 
@@ -338,7 +353,8 @@ def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer)
     checkpoint = tmp_path / "out" / "checkpoint-2"
     rollout_state = json.loads((checkpoint / "rollout_state.json").read_text())
     first_untrained = rollout_state["prompt_index"]
-    assert first_untrained >= 8  # 2 steps of 4 one-sample groups, plus any group dropped as stale
+    # 2 steps of 4 samples in groups of 1 (or 2), plus any group dropped as stale.
+    assert first_untrained >= (8 if trainer_name == "AsyncASPOTrainer" else 4)
     assert rollout_state["model_version"] == 3  # the cold sync makes version 1, then one sync per step
     resumed = run(str(checkpoint))
 

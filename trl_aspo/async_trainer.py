@@ -9,7 +9,7 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
   (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
 - The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
 - With `LocalRolloutWorker`, checkpoints record the first untrained prompt (`rollout_state.json`) and a resumed run
-  restarts the worker there, as TRL does for its own worker.
+  restarts the worker there, as TRL does for its own worker (`LocalWorkerResumeMixin`).
 - `prioritized_sampling`: the rollout worker draws each prompt group by priority from weights in shared memory
   (trl_aspo.prompt_stream) that the trainer refreshes from the tracker after scoring each step.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
@@ -20,18 +20,12 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
-import itertools
-import json
-import logging
-import os
-
 import datasets
 import torch
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
-from .async_infra.local_worker import LocalRolloutWorker
+from .async_infra.local_worker import LocalWorkerResumeMixin
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .event_values import AsyncEventValues
 from .losses import asymmetric_policy_loss
@@ -39,8 +33,6 @@ from .prompt_ids import prompt_key
 from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .single_stream import StepScorer
 from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
-
-logger = logging.getLogger(__name__)
 
 ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
 
@@ -84,7 +76,7 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
             pending = []
 
 
-class AsyncASPOTrainer(AsyncGRPOTrainer):
+class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
@@ -192,46 +184,6 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         action = mask[start:].unsqueeze(0)
         positions, *_ = first_tool_call_positions(ids, action, torch.ones_like(action), self._call_token_ids)
         return positions[0]
-
-    # ---------------------------------------------------------------- the local worker's prompt position
-    def _save_checkpoint(self, model, trial):
-        # TRL records the prompt position only for its own worker class (it resumes only that one); the same record
-        # for the local worker.
-        if self.accelerator.is_main_process and isinstance(self.rollout_worker, LocalRolloutWorker):
-            checkpoint_dir = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            first_untrained = next(group for group in itertools.count() if group not in self._trained_groups)
-            prompt_index = self.rollout_worker._loop_kwargs["dataset_start_index"] + first_untrained
-            with open(os.path.join(checkpoint_dir, "rollout_state.json"), "w") as handle:
-                json.dump({"prompt_index": prompt_index, "model_version": self.model_version}, handle)
-        super()._save_checkpoint(model, trial)
-
-    def _inner_training_loop(self, *args, **kwargs):
-        # TRL's resume of the prompt position (and model version), for the local worker, before the worker starts.
-        if isinstance(self.rollout_worker, LocalRolloutWorker):
-            self._restore_local_prompt_position(kwargs.get("resume_from_checkpoint"))
-        return super()._inner_training_loop(*args, **kwargs)
-
-    def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
-        self.rollout_worker._loop_kwargs["dataset_start_index"] = 0
-        self._groups_before_resume = 0
-        if checkpoint is None:
-            return
-        state_file = os.path.join(checkpoint, "rollout_state.json")
-        if not os.path.isfile(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
-            logger.warning(
-                f"{checkpoint} records no prompt position (rollout_state.json) or the dataset is not a map-style "
-                "datasets.Dataset: the local rollout worker restarts from prompt 0."
-            )
-            return
-        with open(state_file) as handle:
-            state = json.load(handle)
-        self.rollout_worker._loop_kwargs["dataset_start_index"] = state["prompt_index"]
-        self._groups_before_resume = state["prompt_index"]
-        self.model_version = state.get("model_version", 0)
-        self.rollout_worker.update_model_version(self.model_version)
 
     # ---------------------------------------------------------------- checkpoints
     def _save_rng_state(self, output_dir: str) -> None:

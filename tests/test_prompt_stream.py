@@ -181,6 +181,34 @@ def recording_scores(trainer) -> list:
     return samples
 
 
+def test_trainer_starts_the_weights_from_the_tracker_and_warns_on_unknown_prompts(tmp_path, tokenizer, caplog):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 8, seed=0)
+    init_file, _ = certain_half_init_file(tmp_path, dataset)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, init_file))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    trainer = AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    assert worker._loop_kwargs["prompt_priorities"] is trainer._prompt_priorities
+    # Even rows: v = 1e6 / (1e6 + 1e-6), sqrt(v (1 - v)) = 1e-6, + epsilon 1e-6; odd rows: unseen, v = 0.5. (1 - v
+    # is 1e-12 to within float64's 1e-16, so sqrt(v (1 - v)) to within ~1e-10 absolute.)
+    expected = torch.tensor([2e-6, 0.5 + 1e-6] * 4, dtype=torch.float64)
+    torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
+    with caplog.at_level("WARNING", logger="trl_aspo.async_trainer"):
+        trainer._refresh_priorities(["not-a-dataset-prompt", trainer._dataset_keys[1]])
+    assert "1 scored prompt(s) match no train_dataset prompt" in caplog.text
+    torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
+
+
 @pytest.mark.slow
 def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer

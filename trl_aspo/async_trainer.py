@@ -20,6 +20,8 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
+import logging
+
 import datasets
 import torch
 from trl.experimental.async_grpo import AsyncGRPOTrainer
@@ -33,6 +35,8 @@ from .prompt_ids import prompt_key
 from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .single_stream import StepScorer
 from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
+
+logger = logging.getLogger(__name__)
 
 ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
 
@@ -108,6 +112,7 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         self._rows_of_key: dict[str, list[int]] = {}
         for row, key in enumerate(self._dataset_keys):
             self._rows_of_key.setdefault(key, []).append(row)
+        self._warned_unknown_prompts = False
         priorities = PromptPriorities(
             self._priority_values(self._dataset_keys), seed=self.args.seed, epsilon=self.args.priority_epsilon
         )
@@ -124,6 +129,13 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
 
     def _refresh_priorities(self, keys: list[str]) -> None:
         """Recompute the weights of the rows of `keys` (a value changes only when its prompt gets an outcome)."""
+        unknown = [key for key in dict.fromkeys(keys) if key not in self._rows_of_key]
+        if unknown and not self._warned_unknown_prompts:
+            logger.warning(
+                f"prioritized_sampling: {len(unknown)} scored prompt(s) match no train_dataset prompt (the worker "
+                "changed them?), so no dataset row's weight follows their values."
+            )
+            self._warned_unknown_prompts = True
         rows = [row for key in dict.fromkeys(keys) for row in self._rows_of_key.get(key, ())]
         self._prompt_priorities.update(rows, self._priority_values([self._dataset_keys[row] for row in rows]))
         self._metrics["train"]["value/effective_prompts"].append(self._prompt_priorities.effective_prompts())

@@ -15,7 +15,8 @@ The draw of group ``g`` is a pure function of ``(seed, g, w)``: a generator seed
 by ``torch.multinomial`` on the weights at that moment. Group indices count from TRL's ``dataset_start_index`` (the
 first untrained group of the checkpoint a run resumes from), so a resumed worker draws what the uninterrupted one
 would have drawn given the same weights. A run is still not reproducible from run to run: the trainer rewrites the
-weights while the worker reads them, so which weights a draw sees depends on timing.
+weights while the worker reads them, so which weights a draw sees depends on timing. Groups already in flight or
+queued when the weights change keep their prompts: priorities act with a lag of the worker's lead over training.
 
 Crossing the process boundary: the weights live in a tensor in shared memory (`Tensor.share_memory_`). TRL's
 `AsyncRolloutWorker` spawns its child with `loop_kwargs` as arguments; torch's multiprocessing reductions hand the

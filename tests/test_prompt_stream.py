@@ -327,3 +327,56 @@ def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
     assert trainer._scorer.tracker.visits([revived]).item() == keys.count(revived)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+@pytest.mark.slow
+def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenizer):
+    """Resume a prioritized run: the weights are rebuilt from the restored tracker before the worker starts, and its
+    first group is the draw of the checkpoint's first untrained group index under them."""
+    import copy
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.sampler import priority_weights
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 32, seed=0)
+
+    def trainer_for(max_steps):
+        fields = prioritized_fields(tmp_path, None, max_steps=max_steps, save_strategy="steps", save_steps=2)
+        args = AsyncASPOConfig(**{**fields, "priority_epsilon": 0.05})
+        worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
+        return AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            rollout_worker=worker,
+            weight_transfer=LocalWeightTransfer(worker),
+        )
+
+    trainer_for(2).train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    first_untrained = json.loads((checkpoint / "rollout_state.json").read_text())["prompt_index"]
+
+    resumed = trainer_for(3)
+    assert resumed._prompt_priorities.weights.tolist() == [0.55] * 32  # a fresh tracker: every value 0.5
+    at_start = {}
+    start = resumed.rollout_worker.start
+
+    def recording_start():
+        tracker, keys = resumed._scorer.tracker, resumed._dataset_keys
+        at_start["expected"] = priority_weights(tracker.value(keys, resumed.model_version + 1), 0.05)
+        at_start["priorities"] = copy.deepcopy(resumed._prompt_priorities)
+        start()
+
+    resumed.rollout_worker.start = recording_start
+    samples = recording_scores(resumed)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+
+    weights = at_start["priorities"].weights
+    torch.testing.assert_close(weights, at_start["expected"], rtol=0, atol=0)
+    assert (weights != 0.55).sum() >= 2  # the restored tracker's observed prompts
+    first = next(sample for sample in samples if sample.group_id == 0)
+    assert first.prompt == dataset[at_start["priorities"].draw(first_untrained)]["prompt"]

@@ -17,6 +17,7 @@ from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, instal
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 from trl_aspo.prompt_ids import prompt_key
 from trl_aspo.prompt_stream import (
+    PrioritizedAsyncRolloutLoop,
     PrioritizedLocalRolloutLoop,
     PrioritizedPromptLoop,
     PrioritizedUrllibRolloutLoop,
@@ -110,6 +111,7 @@ def test_a_spawned_child_sees_weights_updated_after_it_started():
 
 def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, tokenizer):
     from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 
     from trl_aspo.async_infra import UrllibRolloutWorker
 
@@ -120,6 +122,11 @@ def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, token
     assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
     assert trl_worker._loop_kwargs["prompt_priorities"] is priorities
     assert pickle.loads(pickle.dumps(PrioritizedUrllibRolloutLoop)) is PrioritizedUrllibRolloutLoop  # by reference
+    attach_prompt_priorities(trl_worker, priorities)  # a prioritized loop stays
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    trl_worker._loop_cls = _AsyncRolloutLoop  # TRL's own loop (vLLM over aiohttp)
+    attach_prompt_priorities(trl_worker, priorities)
+    assert trl_worker._loop_cls is PrioritizedAsyncRolloutLoop
 
     args = AsyncGRPOConfig(**async_fields(tmp_path, num_generations=2))
     local = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)

@@ -57,7 +57,7 @@ def test_single_stream_defaults(tmp_path):
         ({"loss_type": "aspo", "aspo_dual_clip": 1.0}, r"aspo_dual_clip=1.0 is invalid: must be a number > 1"),
         ({"num_generations": 1}, r"num_generations=1 is invalid: the group baseline needs at least 2"),
         ({"advantage_estimator": "spo++", "advantage_normalization": "group"}, r"advantage_normalization='group'"),
-        ({"advantage_estimator": "spo++", "prioritized_sampling": True}, r"AsyncASPOConfig.prioritized_sampling=True"),
+        ({"prioritized_sampling": True}, r"prioritized_sampling=True is invalid: priorities come from the value"),
         ({"advantage_estimator": "spo++", "value_init_samples": 4}, r"value_init_samples=4 is invalid: the pre-pass"),
         ({"advantage_estimator": "spo", "value_rho_mode": "kl"}, r"value_rho_mode='kl' is invalid"),
         ({"prompt_id_column": "id"}, r"prompt_id_column='id' is invalid: rollout samples carry the prompt"),

@@ -487,3 +487,62 @@ def test_zero_variance_groups_are_dropped_before_they_fill_a_step(tmp_path, toke
     assert scored[:2] == [[0, 0, 2, 2], [3, 3, 5, 5]]
     assert shares[:2] == pytest.approx([2 / 6, 2 / 6])  # each step: 2 dropped of the 6 samples taken
     assert {1, 4} <= trainer._trained_groups
+
+
+def resuming_async_grpo_trainer():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from trl_aspo.async_infra import LocalWorkerResumeMixin
+
+    class ResumingAsyncGRPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
+        pass
+
+    return ResumingAsyncGRPOTrainer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer_name", ["AsyncASPOTrainer", "AsyncGRPOTrainer with LocalWorkerResumeMixin"])
+def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer, trainer_name):
+    """Save at step 2 of a 3-step run, resume from it: the resumed local worker's groups are the prompts the
+    uninterrupted run generated from the checkpoint's first untrained group on, and model versions count on."""
+    import json
+
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    def run(resume_from_checkpoint=None):
+        fields = base_fields(tmp_path, max_steps=3, num_generations=1, save_strategy="steps", save_steps=2)
+        if trainer_name == "AsyncASPOTrainer":
+            args = AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0])
+            trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
+        else:
+            fields["num_generations"] = 2  # TRL's group z-score
+            trainer = make_trainer(resuming_async_grpo_trainer(), AsyncGRPOConfig(**fields), tokenizer)
+        arrivals = {}  # group id -> (prompt, model version) of every sample the trainer took
+        take = trainer.rollout_worker.rollout_buffer.get
+
+        def recording_get(*args, **kwargs):
+            sample = take(*args, **kwargs)
+            arrivals.setdefault(sample.group_id, (sample.prompt, sample.model_version))
+            return sample
+
+        trainer.rollout_worker.rollout_buffer.get = recording_get
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+        return arrivals
+
+    uninterrupted = run()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    rollout_state = json.loads((checkpoint / "rollout_state.json").read_text())
+    first_untrained = rollout_state["prompt_index"]
+    # 2 steps of 4 samples in groups of 1 (or 2), plus any group dropped as stale.
+    assert first_untrained >= (8 if trainer_name == "AsyncASPOTrainer" else 4)
+    assert rollout_state["model_version"] == 3  # the cold sync makes version 1, then one sync per step
+    resumed = run(str(checkpoint))
+
+    dataset = make_dataset("train", 32, seed=0)
+    assert resumed[0][0] == dataset[first_untrained]["prompt"] != dataset[0]["prompt"]
+    assert resumed[0][1] >= 3  # versions count on from the checkpoint's
+    shared = [group for group in resumed if first_untrained + group in uninterrupted]
+    assert 0 in shared
+    assert all(resumed[group][0] == uninterrupted[first_untrained + group][0] for group in shared)

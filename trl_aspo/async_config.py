@@ -29,7 +29,6 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
     "value_init_samples": f"the pre-pass: {_NOT_YET}; use value_init_file",
     "prompt_id_column": "rollout samples carry the prompt, not its dataset row: prompts are keyed by content hash",
-    "prioritized_sampling": f"sampling the worker's prompt stream by value: {_NOT_YET}",
 }
 
 
@@ -42,8 +41,9 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     The trainer scores samples itself, over the samples of one optimizer step (it needs `token_budget=0`, TRL's
     fixed-count batches, as soon as a field below changes the advantage): `advantage_estimator="spo"`/`"spo++"`
     (the sample's `model_version` is its policy event), `advantage_normalization="batch"`/`"token"`, and
-    `tool_shaping`. `advantage_estimator="group"` with `advantage_normalization="group"` keeps the rollout worker's
-    per-group z-score.
+    `tool_shaping`; with spo/spo++, `prioritized_sampling` makes the rollout worker draw each prompt group by
+    priority (trl_aspo.prompt_stream). `advantage_estimator="group"` with `advantage_normalization="group"` keeps
+    the rollout worker's per-group z-score.
     """
 
     loss_type: str = field(

@@ -8,6 +8,10 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
   batcher; it takes one optimizer step's samples and replaces their advantages with `single_stream.StepScorer`'s
   (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
 - The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
+- With `LocalRolloutWorker`, checkpoints record the first untrained prompt (`rollout_state.json`) and a resumed run
+  restarts the worker there, as TRL does for its own worker (`LocalWorkerResumeMixin`).
+- `prioritized_sampling`: the rollout worker draws each prompt group by priority from weights in shared memory
+  (trl_aspo.prompt_stream) that the trainer refreshes from the tracker after scoring each step.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
   the generator's log-probs as the old policy.
 
@@ -16,12 +20,16 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
+from .async_infra.local_worker import LocalWorkerResumeMixin
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .event_values import AsyncEventValues
 from .filters import zero_variance_from_std
 from .losses import (
     aggregate_loss,
@@ -32,6 +40,7 @@ from .losses import (
 )
 from .packed import SegmentRows
 from .prompt_ids import prompt_key
+from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .single_stream import (
     StepScorer,
     check_resume_settings,
@@ -40,6 +49,8 @@ from .single_stream import (
     resume_settings,
 )
 from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
+
+logger = logging.getLogger(__name__)
 
 ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
 
@@ -99,7 +110,7 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
             pending, dropped = [], 0
 
 
-class AsyncASPOTrainer(AsyncGRPOTrainer):
+class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
@@ -116,6 +127,54 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
         )
         self._aspo_micro_batches = 0  # seeds the per-micro-batch draw of aspo_unflipped_fraction
+        self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
+
+    # ---------------------------------------------------------------- prioritized prompt stream
+    def _start_prompt_priorities(self) -> PromptPriorities:
+        """Per-row priorities of `train_dataset` from the tracker, handed to the rollout worker's loop."""
+        dataset = self.train_dataset
+        if not isinstance(dataset, Dataset):
+            raise ValueError(
+                "AsyncASPOConfig.prioritized_sampling=True needs train_dataset to be a map-style datasets.Dataset "
+                f"(the worker draws rows by index), got {type(dataset).__name__}."
+            )
+        # The key `_score_step` gives a sample (its prompt's content hash), so scored prompts map back to rows.
+        self._dataset_keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+        self._rows_of_key: dict[str, list[int]] = {}
+        for row, key in enumerate(self._dataset_keys):
+            self._rows_of_key.setdefault(key, []).append(row)
+        self._warned_unknown_prompts = False
+        priorities = PromptPriorities(
+            self._priority_values(self._dataset_keys), seed=self.args.seed, epsilon=self.args.priority_epsilon
+        )
+        if self.rollout_worker is not None:
+            attach_prompt_priorities(self.rollout_worker, priorities)
+        return priorities
+
+    def _priority_values(self, keys: list[str]) -> torch.Tensor:
+        """Tracker values of `keys` for the next samples: spo++ reads them at the next model version, so every
+        outcome received so far is visible."""
+        if isinstance(self._scorer.tracker, AsyncEventValues):
+            return self._scorer.tracker.value(keys, self.model_version + 1)
+        return self._scorer.tracker.value(keys)
+
+    def _refresh_priorities(self, keys: list[str]) -> None:
+        """Recompute the weights of the rows of `keys` (a value changes only when its prompt gets an outcome)."""
+        unknown = [key for key in dict.fromkeys(keys) if key not in self._rows_of_key]
+        if unknown and not self._warned_unknown_prompts:
+            logger.warning(
+                f"prioritized_sampling: {len(unknown)} scored prompt(s) match no train_dataset prompt (the worker "
+                "changed them?), so no dataset row's weight follows their values."
+            )
+            self._warned_unknown_prompts = True
+        rows = [row for key in dict.fromkeys(keys) for row in self._rows_of_key.get(key, ())]
+        self._prompt_priorities.update(rows, self._priority_values([self._dataset_keys[row] for row in rows]))
+        self._metrics["train"]["value/effective_prompts"].append(self._prompt_priorities.effective_prompts())
+
+    def _after_tracker_restored(self) -> None:
+        """After a resume replaced the tracker: every row's weight from it."""
+        if self._prompt_priorities is not None:
+            self._refresh_priorities(self._dataset_keys)
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):
@@ -138,11 +197,12 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
     def _score_step(self, samples) -> torch.Tensor:
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
         masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
+        keys = [prompt_key(sample.prompt) for sample in samples]
         tool_positions = None
         if self.args.tool_shaping:
             tool_positions = torch.stack([self._first_call_position(sample) for sample in samples])
         scored = self._scorer.score(
-            keys=[prompt_key(sample.prompt) for sample in samples],
+            keys=keys,
             rewards=torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64),
             versions=[sample.model_version for sample in samples],
             token_counts=torch.stack([mask.sum() for mask in masks]),
@@ -157,6 +217,8 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
+        if self._prompt_priorities is not None:
+            self._refresh_priorities(keys)
         return scored.advantages
 
     def _filtered_out(self, sample) -> bool:
@@ -224,6 +286,7 @@ class AsyncASPOTrainer(AsyncGRPOTrainer):
         )
         if not fresh:
             restore_tracker(self._scorer.tracker, state, path, self.args)
+        self._after_tracker_restored()
 
     # ---------------------------------------------------------------- asymmetric loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

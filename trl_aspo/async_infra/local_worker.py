@@ -10,13 +10,20 @@ group was started at, as TRL stamps them.
 
 `LocalWeightTransfer` implements `WeightTransferProtocol` by copying the trainer's weights into that policy copy
 under the copy's lock, so no turn is sampled from half-updated weights.
+
+`LocalWorkerResumeMixin` (before `AsyncGRPOTrainer` in a trainer's bases; `AsyncASPOTrainer` has it) saves and
+restores the local worker's prompt position and model version with each checkpoint, as `AsyncGRPOTrainer` does for
+its own worker only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import logging
+import os
 import queue
 import random
 import threading
@@ -25,8 +32,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
@@ -109,6 +118,10 @@ def trainer_eos_token_ids(model: PreTrainedModel, processing_class: PreTrainedTo
 class LocalRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: TRL's rollout loop on a thread, sampling on a CPU policy copy.
 
+    Like TRL's `AsyncRolloutWorker`, it builds its loop (`_loop_cls`) from `_loop_kwargs` when it starts, and the
+    loop begins at `_loop_kwargs["dataset_start_index"]`: `LocalWorkerResumeMixin` sets it on resume from the
+    checkpoint's `rollout_state.json`, as `AsyncGRPOTrainer` does for its own worker (and for no other).
+
     Args:
         model: the path `AsyncGRPOTrainer` loads its policy from (or `builtin:tiny-calculator`); the copy is loaded
             from it the same way (with `args.dtype` and standard attention).
@@ -122,6 +135,8 @@ class LocalRolloutWorker:
         jitter_s: each turn waits `U(0, jitter_s)` seconds before sampling (0: none), so groups finish out of order.
         seed: seed of the jitter and of each turn's sampling stream.
     """
+
+    _loop_cls: type[_LocalRolloutLoop] = _LocalRolloutLoop
 
     def __init__(
         self,
@@ -164,7 +179,8 @@ class LocalRolloutWorker:
         self._heartbeat = SharedValue(time.time())
         self._failed = threading.Event()
         self._exception_info: queue.Queue = queue.Queue(maxsize=1)
-        self._loop = _LocalRolloutLoop(
+        # The loop is built at `start` from these, so a prompt stream can be attached first (trl_aspo.prompt_stream).
+        self._loop_kwargs = dict(
             policy=self.policy,
             policy_lock=self.policy_lock,
             jitter_s=jitter_s,
@@ -196,7 +212,9 @@ class LocalRolloutWorker:
             log_completions=args.log_completions,
             num_completions_to_print=args.num_completions_to_print,
             fork_threshold_tokens=args.fork_threshold_tokens,
+            dataset_start_index=0,
         )
+        self._loop: _LocalRolloutLoop | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -209,6 +227,7 @@ class LocalRolloutWorker:
     def start(self) -> None:
         if self._thread is not None:
             return
+        self._loop = self._loop_cls(**self._loop_kwargs)
         self._heartbeat.value = time.time()
         self._thread = threading.Thread(target=self._run, name="local-rollout-worker", daemon=True)
         self._thread.start()
@@ -272,3 +291,49 @@ class LocalWeightTransfer:
 
     def destroy(self) -> None:
         """Nothing to release."""
+
+
+class LocalWorkerResumeMixin:
+    """For a subclass of `AsyncGRPOTrainer` (listed before it): checkpoints record the `LocalRolloutWorker`'s first
+    untrained prompt and the model version (`rollout_state.json`), and a resumed run restarts the worker there.
+
+    `AsyncGRPOTrainer` does exactly this in `_save_checkpoint` / `_inner_training_loop`, but only for an instance of
+    its own worker class, so these two methods add the same for the local worker. With another worker they only call
+    TRL's."""
+
+    def _save_checkpoint(self, model, trial):
+        if self.accelerator.is_main_process and isinstance(self.rollout_worker, LocalRolloutWorker):
+            checkpoint_dir = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            first_untrained = next(group for group in itertools.count() if group not in self._trained_groups)
+            prompt_index = self.rollout_worker._loop_kwargs["dataset_start_index"] + first_untrained
+            with open(os.path.join(checkpoint_dir, "rollout_state.json"), "w") as handle:
+                json.dump({"prompt_index": prompt_index, "model_version": self.model_version}, handle)
+        super()._save_checkpoint(model, trial)
+
+    def _inner_training_loop(self, *args, **kwargs):
+        # Before TRL's train-begin callback starts the worker, which builds its loop from `_loop_kwargs`.
+        if isinstance(self.rollout_worker, LocalRolloutWorker):
+            self._restore_local_prompt_position(kwargs.get("resume_from_checkpoint"))
+        return super()._inner_training_loop(*args, **kwargs)
+
+    def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
+        self.rollout_worker._loop_kwargs["dataset_start_index"] = 0
+        self._groups_before_resume = 0
+        if checkpoint is None:
+            return
+        state_file = os.path.join(checkpoint, "rollout_state.json")
+        if not os.path.isfile(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
+            logger.warning(
+                f"{checkpoint} records no prompt position (rollout_state.json) or the dataset is not a map-style "
+                "datasets.Dataset: the local rollout worker restarts from prompt 0."
+            )
+            return
+        with open(state_file) as handle:
+            state = json.load(handle)
+        self.rollout_worker._loop_kwargs["dataset_start_index"] = state["prompt_index"]
+        self._groups_before_resume = state["prompt_index"]
+        self.model_version = state.get("model_version", 0)
+        self.rollout_worker.update_model_version(self.model_version)

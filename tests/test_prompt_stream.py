@@ -1,0 +1,389 @@
+"""Prioritized sampling on the asynchronous worker's prompt stream (trl_aspo.prompt_stream): the draw, its shared
+weights across a spawned process, attaching it to workers, and AsyncASPOTrainer runs on the local worker and on TRL's
+own worker process."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import pickle
+
+import pytest
+import torch
+from async_common import MODEL, async_fields, calculator_tokenizer
+
+from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.prompt_ids import prompt_key
+from trl_aspo.prompt_stream import (
+    PrioritizedAsyncRolloutLoop,
+    PrioritizedLocalRolloutLoop,
+    PrioritizedPromptLoop,
+    PrioritizedUrllibRolloutLoop,
+    PromptPriorities,
+    attach_prompt_priorities,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return calculator_tokenizer()
+
+
+# The draw
+
+
+def test_weights_are_the_bernoulli_std_plus_the_floor():
+    priorities = PromptPriorities(torch.tensor([1.0, 0.5, 0.0, 0.9]), epsilon=0.05)
+    # sqrt(v (1 - v)) + 0.05: 0 + 0.05, 0.5 + 0.05, 0 + 0.05, 0.3 + 0.05
+    torch.testing.assert_close(priorities.weights, torch.tensor([0.05, 0.55, 0.05, 0.35], dtype=torch.float64))
+    priorities.update([3], torch.tensor([0.5]))
+    assert priorities.weights.tolist() == pytest.approx([0.05, 0.55, 0.05, 0.55])
+    # Kish: (0.05 + 0.55 + 0.05 + 0.55)^2 / (2 * 0.05^2 + 2 * 0.55^2) = 1.44 / 0.61
+    assert priorities.effective_prompts() == pytest.approx(1.44 / 0.61)
+
+
+def test_draw_frequencies_follow_the_weights():
+    priorities = PromptPriorities(torch.tensor([1.0, 0.5, 0.5, 0.5]), seed=3)
+    draws = 6000
+    counts = torch.bincount(torch.tensor([priorities.draw(group) for group in range(draws)]), minlength=4)
+    # Weights 0.05, 0.55, 0.55, 0.55 out of 1.7: p = 1/34 and 11/34.
+    for row, p in enumerate([1 / 34, 11 / 34, 11 / 34, 11 / 34]):
+        sd = math.sqrt(draws * p * (1 - p))
+        assert abs(int(counts[row]) - draws * p) < 4 * sd, (row, int(counts[row]), draws * p)
+
+
+def test_a_draw_depends_only_on_seed_group_and_weights():
+    values = torch.linspace(0.0, 1.0, 9)
+    first, second = PromptPriorities(values, seed=7), PromptPriorities(values, seed=7)
+    drawn = [first.draw(group) for group in range(200)]
+    assert drawn == [second.draw(group) for group in reversed(range(200))][::-1]  # any order of groups
+    assert drawn != [PromptPriorities(values, seed=8).draw(group) for group in range(200)]
+    second.update(list(range(9)), torch.full((9,), 0.5))
+    assert drawn != [second.draw(group) for group in range(200)]
+    second.update(list(range(9)), values)
+    assert drawn == [second.draw(group) for group in range(200)]
+
+
+def test_bad_priorities_input_is_refused():
+    with pytest.raises(ValueError, match="`epsilon` must be > 0"):
+        PromptPriorities(torch.tensor([0.5]), epsilon=0.0)
+    with pytest.raises(ValueError, match="one value per dataset row"):
+        PromptPriorities(torch.tensor([]))
+    priorities = PromptPriorities(torch.tensor([0.5, 0.5]))
+    with pytest.raises(ValueError, match=r"`rows` must lie in \[0, 2\)"):
+        priorities.update([2], torch.tensor([0.5]))
+    with pytest.raises(ValueError, match=r"must be finite and lie in \[0, 1\]"):
+        priorities.update([0], torch.tensor([1.5]))
+    with pytest.raises(ValueError, match="`group_index` must be a non-negative integer"):
+        priorities.draw(-1)
+
+
+def _child_draws(priorities, updated, answers) -> None:
+    answers.put(("before", priorities.weights.tolist(), priorities.draw(0)))
+    updated.wait(60)
+    answers.put(("after", priorities.weights.tolist(), [priorities.draw(group) for group in range(50)]))
+
+
+def test_a_spawned_child_sees_weights_updated_after_it_started():
+    priorities = PromptPriorities(torch.tensor([0.5, 0.5, 0.5, 0.5]), seed=1)
+    copy = pickle.loads(pickle.dumps({"prompt_priorities": priorities}))["prompt_priorities"]  # TRL's check
+    assert copy.weights.tolist() == priorities.weights.tolist()
+    context = multiprocessing.get_context("spawn")
+    updated, answers = context.Event(), context.Queue()
+    child = context.Process(target=_child_draws, args=(priorities, updated, answers), daemon=True)
+    child.start()
+    try:
+        assert answers.get(timeout=120)[1] == [0.55] * 4
+        priorities.update([0, 1, 2], torch.tensor([1.0, 1.0, 0.0]))
+        updated.set()
+        label, weights, drawn = answers.get(timeout=60)
+    finally:
+        child.join(30)
+    assert label == "after" and weights == pytest.approx([0.05, 0.05, 0.05, 0.55])
+    assert drawn == [priorities.draw(group) for group in range(50)]
+    assert drawn.count(3) > 25  # row 3 carries 11/14 of the weight
+
+
+# Attaching to workers
+
+
+def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, tokenizer):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    from trl_aspo.async_infra import UrllibRolloutWorker
+
+    dataset = make_dataset("train", 4, seed=0)
+    priorities = PromptPriorities(torch.full((4,), 0.5))
+    trl_worker = UrllibRolloutWorker(dataset=dataset, num_generations=2)
+    attach_prompt_priorities(trl_worker, priorities)
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    assert trl_worker._loop_kwargs["prompt_priorities"] is priorities
+    assert pickle.loads(pickle.dumps(PrioritizedUrllibRolloutLoop)) is PrioritizedUrllibRolloutLoop  # by reference
+    attach_prompt_priorities(trl_worker, priorities)  # a prioritized loop stays
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    trl_worker._loop_cls = _AsyncRolloutLoop  # TRL's own loop (vLLM over aiohttp)
+    attach_prompt_priorities(trl_worker, priorities)
+    assert trl_worker._loop_cls is PrioritizedAsyncRolloutLoop
+
+    args = AsyncGRPOConfig(**async_fields(tmp_path, num_generations=2))
+    local = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    attach_prompt_priorities(local, priorities)
+    assert local._loop_cls is PrioritizedLocalRolloutLoop
+    # A worker resumed at group 5 (TRL's dataset_start_index) draws groups 5, 6, ... under TRL's group ids 0, 1, ...
+    local._loop_kwargs["dataset_start_index"] = 5
+    loop = local._loop_cls(**local._loop_kwargs)
+    stream = loop._repeat_iterator()
+    assert [priorities.draw(group) for group in range(3)] != [priorities.draw(5 + group) for group in range(3)]
+    expected = [(group, dataset[priorities.draw(5 + group)]) for group in range(3) for _ in range(2)]
+    assert [next(stream) for _ in range(6)] == expected
+    loop._sampler.shutdown()
+
+    class OtherLoop(type(trl_worker)._loop_cls):
+        pass
+
+    trl_worker._loop_cls = OtherLoop
+    with pytest.raises(TypeError, match="prioritized_sampling=True: the worker's loop class .*OtherLoop has no"):
+        attach_prompt_priorities(trl_worker, priorities)
+    with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a object"):
+        attach_prompt_priorities(object(), priorities)
+    assert issubclass(PrioritizedLocalRolloutLoop, PrioritizedPromptLoop)
+
+
+# AsyncASPOTrainer
+
+
+def certain_half_init_file(tmp_path, dataset) -> tuple[str, set[str]]:
+    """A value_init_file putting every even row at value 1 - 1e-12 (Beta(1e6, 1e-6)): weight ~2e-6 at
+    priority_epsilon=1e-6, against >= ~0.1 for a prompt whose value is anywhere in [0.01, 0.99]."""
+    keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+    certain = set(keys[0::2])
+    path = tmp_path / "init.json"
+    path.write_text(json.dumps([{"prompt_id": key, "alpha": 1e6, "beta": 1e-6} for key in sorted(certain)]))
+    return str(path), certain
+
+
+def prioritized_fields(tmp_path, init_file, **overrides):
+    fields = dict(per_device_train_batch_size=4, num_generations=1, max_steps=3, max_inflight_tasks=1)
+    return dict(
+        **async_fields(tmp_path, **{**fields, **overrides}),
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        prioritized_sampling=True,
+        priority_epsilon=1e-6,
+        value_init_file=init_file,
+    )
+
+
+def recording_scores(trainer) -> list:
+    samples, score_step = [], trainer._score_step
+
+    def recording_score_step(step_samples):
+        samples.extend(step_samples)
+        return score_step(step_samples)
+
+    trainer._score_step = recording_score_step
+    return samples
+
+
+def test_trainer_starts_the_weights_from_the_tracker_and_warns_on_unknown_prompts(tmp_path, tokenizer, caplog):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 8, seed=0)
+    init_file, _ = certain_half_init_file(tmp_path, dataset)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, init_file))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    trainer = AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    assert worker._loop_kwargs["prompt_priorities"] is trainer._prompt_priorities
+    # Even rows: v = 1e6 / (1e6 + 1e-6), sqrt(v (1 - v)) = 1e-6, + epsilon 1e-6; odd rows: unseen, v = 0.5. (1 - v
+    # is 1e-12 to within float64's 1e-16, so sqrt(v (1 - v)) to within ~1e-10 absolute.)
+    expected = torch.tensor([2e-6, 0.5 + 1e-6] * 4, dtype=torch.float64)
+    torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
+    with caplog.at_level("WARNING", logger="trl_aspo.async_trainer"):
+        trainer._refresh_priorities(["not-a-dataset-prompt", trainer._dataset_keys[1]])
+    assert "1 scored prompt(s) match no train_dataset prompt" in caplog.text
+    torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 32, seed=0)
+    init_file, certain = certain_half_init_file(tmp_path, dataset)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, init_file))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
+    trainer = AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    assert worker._loop_cls is PrioritizedLocalRolloutLoop
+    # Every sample's key (the scorer's) is a dataset row's key (the priorities'): chat prompts hash alike.
+    assert {prompt_key(sample["prompt"]) for sample in dataset} == set(trainer._dataset_keys)
+    samples = recording_scores(trainer)
+    trainer.train()
+
+    keys = [prompt_key(sample.prompt) for sample in samples]
+    assert len(keys) >= 12 and set(keys) <= set(trainer._dataset_keys)
+    # TRL's cycling would give rows 0, 1, 2, ... (half of them certain); each draw of a certain prompt has
+    # probability < 16 * 2e-6 / (16 * 0.1) = 2e-5.
+    assert not set(keys) & certain
+    assert len(set(keys)) > 1
+    logs = [log for log in trainer.state.log_history if "loss" in log]
+    assert len(logs) == 3 and all(math.isfinite(log["loss"]) for log in logs)
+    # 16 rows at ~0.5 and 16 at ~2e-6 start at an effective 16 prompts; observed rows only lose weight from 0.5.
+    effective = [log["value/effective_prompts"] for log in logs]
+    assert all(1.0 < value <= 16.0 + 1e-3 for value in effective)
+    # The shared weights are the tracker's values with every received outcome visible (version after the newest).
+    values = trainer._scorer.tracker.value(trainer._dataset_keys, trainer.model_version + 1)
+    torch.testing.assert_close(trainer._prompt_priorities.weights, (values * (1 - values)).sqrt() + 1e-6)
+
+
+def test_prioritized_sampling_refuses_a_non_map_dataset_and_other_workers(tmp_path, tokenizer):
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 8, seed=0)
+    args = AsyncASPOConfig(**prioritized_fields(tmp_path, None))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
+    common = dict(
+        reward_funcs=correctness_reward,
+        args=args,
+        processing_class=tokenizer,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+    with pytest.raises(ValueError, match="prioritized_sampling=True needs train_dataset to be a map-style"):
+        AsyncASPOTrainer(MODEL, **common, train_dataset=dataset.to_iterable_dataset(), rollout_worker=worker)
+
+    class OwnWorker:
+        rollout_buffer = metrics_queue = None
+
+    with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a OwnWorker"):
+        AsyncASPOTrainer(MODEL, **common, train_dataset=dataset, rollout_worker=OwnWorker())
+
+
+@pytest.mark.slow
+def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
+    """TRL's own spawned worker (urllib transport, stand-in vLLM server): the tracker state crosses the process
+    boundary as the weights the child draws from, also when it changes after the child was spawned."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 16, seed=0)
+    init_file, certain = certain_half_init_file(tmp_path, dataset)
+    revived = prompt_key(dataset[0]["prompt"])  # certain (never drawn) until the child has been spawned
+    server = StandInVLLMServer(MODEL).start()
+    try:
+        args = AsyncASPOConfig(
+            **prioritized_fields(tmp_path, init_file, max_steps=2, max_inflight_tasks=1),
+            vllm_server_base_url=server.url,
+        )
+        trainer = AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            weight_transfer=HTTPWeightTransfer(server.url),
+        )
+        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
+        assert trainer.rollout_worker._loop_cls is PrioritizedUrllibRolloutLoop
+        spawn = trainer.rollout_worker.start
+
+        def spawn_then_swap_certainty():
+            spawn()
+            # Now the tracker deems every prompt certain but `revived`, which starts afresh at Beta(0.5, 0.5).
+            others = [key for key in trainer._dataset_keys if key != revived]
+            trainer._scorer.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
+            trainer._scorer.tracker.set_pseudo_counts([revived], [0.5], [0.5])
+            trainer._after_tracker_restored()
+
+        trainer.rollout_worker.start = spawn_then_swap_certainty
+        samples = recording_scores(trainer)
+        trainer.train()
+    finally:
+        server.stop()
+    keys = [prompt_key(sample.prompt) for sample in samples]
+    assert len(keys) >= 8 and set(keys) <= set(trainer._dataset_keys)
+    # With the weights as the child was spawned, `revived` (weight ~2e-6 against >= 8 * 0.1) comes up with
+    # probability < 2e-5 per draw; after the swap it carries all but ~15 * 2e-6 / 0.5 of the weight. Groups drawn
+    # before the swap (the child starts drawing as soon as it is up) come from the uncertain half.
+    assert revived in keys
+    assert not set(keys) & (certain - {revived})
+    assert keys[-1] == revived
+    assert trainer._scorer.tracker.visits([revived]).item() == keys.count(revived)
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+
+
+@pytest.mark.slow
+def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenizer):
+    """Resume a prioritized run: the weights are rebuilt from the restored tracker before the worker starts, and its
+    first group is the draw of the checkpoint's first untrained group index under them."""
+    import copy
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.sampler import priority_weights
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 32, seed=0)
+
+    def trainer_for(max_steps):
+        fields = prioritized_fields(tmp_path, None, max_steps=max_steps, save_strategy="steps", save_steps=2)
+        args = AsyncASPOConfig(**{**fields, "priority_epsilon": 0.05})
+        worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
+        return AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            rollout_worker=worker,
+            weight_transfer=LocalWeightTransfer(worker),
+        )
+
+    trainer_for(2).train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    first_untrained = json.loads((checkpoint / "rollout_state.json").read_text())["prompt_index"]
+
+    resumed = trainer_for(3)
+    assert resumed._prompt_priorities.weights.tolist() == [0.55] * 32  # a fresh tracker: every value 0.5
+    at_start = {}
+    start = resumed.rollout_worker.start
+
+    def recording_start():
+        tracker, keys = resumed._scorer.tracker, resumed._dataset_keys
+        at_start["expected"] = priority_weights(tracker.value(keys, resumed.model_version + 1), 0.05)
+        at_start["priorities"] = copy.deepcopy(resumed._prompt_priorities)
+        start()
+
+    resumed.rollout_worker.start = recording_start
+    samples = recording_scores(resumed)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+
+    weights = at_start["priorities"].weights
+    torch.testing.assert_close(weights, at_start["expected"], rtol=0, atol=0)
+    assert (weights != 0.55).sum() >= 2  # the restored tracker's observed prompts
+    first = next(sample for sample in samples if sample.group_id == 0)
+    assert first.prompt == dataset[at_start["priorities"].draw(first_untrained)]["prompt"]

@@ -346,7 +346,9 @@ class ASPOFieldsMixin:
             "help": "Draw each round's prompts without replacement with weight sqrt(v (1 - v)) + priority_epsilon "
             "from the tracker's values (spo/spo++ only). Each round is drawn when it is dispatched, after the "
             "tracker has taken in every earlier round (with value_rho_mode='kl' too), so priorities act on the next "
-            "round whatever the data loader prefetches; a resumed run draws what the uninterrupted one drew."
+            "round whatever the data loader prefetches; a resumed run draws what the uninterrupted one drew. "
+            "AsyncASPOTrainer: the rollout worker draws each prompt group (with replacement) from weights the "
+            "trainer updates in shared memory after every optimizer step."
         },
     )
     priority_epsilon: float = field(

@@ -60,7 +60,6 @@ def test_single_stream_defaults(tmp_path):
         ({"prioritized_sampling": True}, r"prioritized_sampling=True is invalid: priorities come from the value"),
         ({"advantage_estimator": "spo++", "value_init_samples": 4}, r"value_init_samples=4 is invalid: the pre-pass"),
         ({"advantage_estimator": "spo", "value_rho_mode": "kl"}, r"value_rho_mode='kl' is invalid"),
-        ({"prompt_id_column": "id"}, r"prompt_id_column='id' is invalid: rollout samples carry the prompt"),
         ({"value_rho": 1.5}, r"value_rho=1.5 is invalid: must lie in \(0, 1\]"),
         ({"value_rho": "high"}, r"value_rho='high' is invalid: must be a finite number"),
     ],

@@ -546,3 +546,44 @@ def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer,
     shared = [group for group in resumed if first_untrained + group in uninterrupted]
     assert 0 in shared
     assert all(resumed[group][0] == uninterrupted[first_untrained + group][0] for group in shared)
+
+
+def test_prompt_id_column_keys_the_tracker_by_the_rows_id(tmp_path, tokenizer):
+    """Samples carry their prompt, not their row: with `prompt_id_column` the trainer finds the row's id by the
+    prompt's content, so two rows with one id share a tracker entry; ambiguous and unknown prompts are refused."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 8, seed=0)
+    dataset = dataset.add_column("problem", ["p0", "p0", "p1", "p1", "p2", "p2", "p3", "p3"])
+    samples = scripted_samples(tokenizer, [0] * 16, groups_of=1, prompt_rows=[i % 4 for i in range(16)])
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=1, num_generations=1), advantage_estimator="spo", prompt_id_column="problem"
+    )
+
+    def trainer_on(train_dataset, stream):
+        return AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            rollout_worker=ScriptedWorker(stream),
+            weight_transfer=NoWeightTransfer(),
+        )
+
+    trainer = trainer_on(dataset, samples)
+    trainer.train()
+    # Each scored step holds rows 0..3 (ids p0, p0, p1, p1): four prompts, two tracker entries, equal visits.
+    assert trainer._scorer.tracker.num_tracked == 2
+    p0, p1 = trainer._scorer.tracker.visits(["p0", "p1"]).tolist()
+    assert p0 == p1 and p0 % 2 == 0 and p0 > 0
+
+    ambiguous = dataset.map(lambda row, index: {"problem": f"q{index}"}, with_indices=True)
+    ambiguous = ambiguous.add_item({**ambiguous[0], "problem": "other"})
+    with pytest.raises(ValueError, match=r"prompt_id_column='problem': one prompt appears under the ids 'q0' and"):
+        trainer_on(ambiguous, samples)
+
+    unknown = scripted_samples(tokenizer, [0] * 16, groups_of=1, prompt_rows=[8 + i % 8 for i in range(16)])
+    with pytest.raises(ValueError, match=r"prompt_id_column='problem': a sample's prompt matches no train_dataset"):
+        trainer_on(dataset, unknown).train()

@@ -28,7 +28,6 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "tool_call_pattern": f"{_NOT_YET}; tool calls are found with tool_call_opener",
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
     "value_init_samples": f"the pre-pass: {_NOT_YET}; use value_init_file",
-    "prompt_id_column": "rollout samples carry the prompt, not its dataset row: prompts are keyed by content hash",
 }
 
 

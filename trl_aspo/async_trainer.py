@@ -44,6 +44,8 @@ from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .single_stream import (
     StepScorer,
     check_resume_settings,
+    dataset_prompt_keys,
+    prompt_ids_by_content,
     require_state_or_reset,
     restore_tracker,
     resume_settings,
@@ -127,6 +129,9 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
         )
         self._aspo_micro_batches = 0  # seeds the per-micro-batch draw of aspo_unflipped_fraction
+        self._ids_by_prompt = None
+        if self.args.prompt_id_column is not None:
+            self._ids_by_prompt = prompt_ids_by_content(self.train_dataset, self.args)
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
 
     # ---------------------------------------------------------------- prioritized prompt stream
@@ -139,7 +144,7 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
                 f"(the worker draws rows by index), got {type(dataset).__name__}."
             )
         # The key `_score_step` gives a sample (its prompt's content hash), so scored prompts map back to rows.
-        self._dataset_keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+        self._dataset_keys = dataset_prompt_keys(dataset, self.args)
         self._rows_of_key: dict[str, list[int]] = {}
         for row, key in enumerate(self._dataset_keys):
             self._rows_of_key.setdefault(key, []).append(row)
@@ -197,7 +202,7 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     def _score_step(self, samples) -> torch.Tensor:
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
         masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
-        keys = [prompt_key(sample.prompt) for sample in samples]
+        keys = [self._sample_key(sample) for sample in samples]
         tool_positions = None
         if self.args.tool_shaping:
             tool_positions = torch.stack([self._first_call_position(sample) for sample in samples])
@@ -230,6 +235,19 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             return False
         self._trained_groups.add(sample.group_id)
         return True
+
+    def _sample_key(self, sample) -> str:
+        """The tracker key of a sample: its prompt's content hash, or its `prompt_id_column` id."""
+        content = prompt_key(sample.prompt)
+        if self._ids_by_prompt is None:
+            return content
+        if content not in self._ids_by_prompt:
+            raise ValueError(
+                f"AsyncASPOConfig.prompt_id_column={self.args.prompt_id_column!r}: a sample's prompt matches no "
+                "train_dataset row, so its id is unknown (did the rollout worker or an environment change the "
+                "prompt?). Leave prompt_id_column unset to key prompts by their content."
+            )
+        return self._ids_by_prompt[content]
 
     def _correctness_scores(self, samples) -> torch.Tensor | None:
         """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""

@@ -3,7 +3,8 @@ checkpointed state (DESIGN.md sections 2-4), used by both `ASPOTrainer` and `Asy
 data flow is one function here; the trainers only gather their samples and call them:
 
 1. tracker lifecycle: `make_value_tracker` (spo: `VisitValueTracker`; spo++: `EventValueTracker` synchronously,
-   `AsyncEventValues` asynchronously), `init_values_from_file`, `dataset_prompt_keys`;
+   `AsyncEventValues` asynchronously), `init_values_from_file`, the prompt keys (`dataset_prompt_keys`,
+   `prompt_ids_by_content`);
 2. rewards for the tracker: the total reward, mapped by `value_reward_range` onto [0, 1] (`tracker_rewards`);
 3. baseline: `A = R - v`, with `v` read before any outcome of the batch is observed (each trainer reads it at its
    own policy event: the generation round, or the sample's model version);
@@ -90,6 +91,26 @@ def dataset_prompt_keys(dataset, args) -> list[str]:
             )
         return [prompt_id_key(value, column) for value in dataset[column]]
     return [prompt_key(prompt) for prompt in dataset["prompt"]]
+
+
+def prompt_ids_by_content(dataset, args) -> dict[str, str]:
+    """`prompt_id_column`'s key of each training prompt, by the prompt's content hash: for samples that carry their
+    prompt but not their dataset row (the asynchronous rollout worker's). Needs a map-style dataset; a prompt that
+    appears under two different ids is refused (its samples could not be told apart)."""
+    column = args.prompt_id_column
+    if not _enumerable(dataset):
+        raise ValueError(
+            f"{_field(args, 'prompt_id_column')}={column!r} needs a map-style `datasets.Dataset`: samples carry their "
+            "prompt, which is looked up among the dataset's rows to find its id."
+        )
+    ids: dict[str, str] = {}
+    for content, prompt_id in zip(map(prompt_key, dataset["prompt"]), dataset_prompt_keys(dataset, args), strict=True):
+        if ids.setdefault(content, prompt_id) != prompt_id:
+            raise ValueError(
+                f"{_field(args, 'prompt_id_column')}={column!r}: one prompt appears under the ids {ids[content]!r} "
+                f"and {prompt_id!r}; samples of it could not be told apart. Give equal prompts one id."
+            )
+    return ids
 
 
 def _enumerable(dataset) -> bool:

@@ -587,3 +587,48 @@ def test_prompt_id_column_keys_the_tracker_by_the_rows_id(tmp_path, tokenizer):
     unknown = scripted_samples(tokenizer, [0] * 16, groups_of=1, prompt_rows=[8 + i % 8 for i in range(16)])
     with pytest.raises(ValueError, match=r"prompt_id_column='problem': a sample's prompt matches no train_dataset"):
         trainer_on(dataset, unknown).train()
+
+
+def quarter_penalty_per_call(texts, positions, lengths, num_calls, interactive_turns, advantages):
+    """A `tool_shaping_penalty` for the test below: 0.25 per tool call."""
+    return 0.25 * num_calls.double()
+
+
+@pytest.mark.parametrize("pattern", [None, r"<tool_call>"])
+def test_tool_shaping_extras_and_pattern(tmp_path, tokenizer, pattern):
+    """`tool_call_pattern`, `tool_shaping_interactive_bonus` and `tool_shaping_penalty` act in async scoring as in
+    ASPOTrainer: calls found in each sample's completion (by tokens or by regex), extras added to the bias."""
+    import numpy as np
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.tool_metrics import resolve_call_token_ids
+
+    samples = scripted_samples(tokenizer, [0] * 16, groups_of=1, prompt_rows=list(range(16)))
+    call = resolve_call_token_ids(tokenizer, "<tool_call>")
+    text = tokenizer.encode("12", add_special_tokens=False)
+    for sample in samples[::2]:  # every other sample: two text tokens, then the call opener, then one more token
+        start = int(np.flatnonzero(sample.completion_mask)[0])
+        tail = [*text[:2], *call, text[0]]
+        sample.input_ids = np.asarray([*sample.input_ids[:start], *tail], dtype=np.int64)
+        sample.completion_mask = np.asarray([0] * start + [1] * len(tail), dtype=np.int64)
+        sample.old_log_probs = np.asarray([0.0] * start + [-1.0] * len(tail), dtype=np.float32)
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=1, num_generations=1),
+        advantage_estimator="spo++",
+        tool_shaping=True,
+        tool_call_pattern=pattern,
+        tool_shaping_interactive_bonus=0.1,
+        tool_shaping_penalty=f"{__name__}.quarter_penalty_per_call",
+    )
+    trainer = scripted_trainer(AsyncASPOTrainer, args, tokenizer, samples)
+    calls = []
+    score = trainer._scorer.score
+    trainer._scorer.score = lambda **kwargs: calls.append(kwargs) or score(**kwargs)
+    trainer.train()
+
+    kwargs = calls[0]
+    assert kwargs["tool_positions"].tolist() == [len(text[:2]), -1] * 2
+    advantages = torch.tensor([0.5, -0.5, 0.2, 0.0], dtype=torch.float64)
+    # Calls 1 and interactive turns 1 (text before the call) on the crafted samples; the bonus only where A > 0.
+    expected = torch.tensor([0.1 - 0.25, 0.0, 0.1 - 0.25, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(kwargs["shaping_extras"](advantages), expected)

@@ -23,9 +23,6 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,
-    "tool_shaping_interactive_bonus": _NOT_YET,
-    "tool_shaping_penalty": _NOT_YET,
-    "tool_call_pattern": f"{_NOT_YET}; tool calls are found with tool_call_opener",
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
     "value_init_samples": f"the pre-pass: {_NOT_YET}; use value_init_file",
 }

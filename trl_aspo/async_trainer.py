@@ -45,12 +45,18 @@ from .single_stream import (
     StepScorer,
     check_resume_settings,
     dataset_prompt_keys,
+    make_shaping_hooks,
     prompt_ids_by_content,
     require_state_or_reset,
     restore_tracker,
     resume_settings,
 )
-from .tool_metrics import first_tool_call_positions, resolve_call_token_ids
+from .tool_metrics import (
+    first_tool_call_positions,
+    regex_tool_call_positions,
+    resolve_call_token_ids,
+    resolve_whitespace_token_ids,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +131,11 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             )
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._scorer = StepScorer(self.args, self.train_dataset)
-        self._call_token_ids = (
-            resolve_call_token_ids(self.processing_class, self.args.tool_call_opener) if self.args.tool_shaping else []
-        )
+        self._call_token_ids = self._whitespace_token_ids = []
+        if self.args.tool_shaping and self.args.tool_call_pattern is None:
+            self._call_token_ids = resolve_call_token_ids(self.processing_class, self.args.tool_call_opener)
+            self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
+        self._shaping_hooks = make_shaping_hooks(self.args)
         self._aspo_micro_batches = 0  # seeds the per-micro-batch draw of aspo_unflipped_fraction
         self._ids_by_prompt = None
         if self.args.prompt_id_column is not None:
@@ -203,9 +211,10 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
         masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
         keys = [self._sample_key(sample) for sample in samples]
-        tool_positions = None
+        tool_positions = extras = None
         if self.args.tool_shaping:
-            tool_positions = torch.stack([self._first_call_position(sample) for sample in samples])
+            statistics, texts = self._tool_statistics(samples)
+            tool_positions, extras = statistics[:, 0], self._shaping_extras(statistics, texts)
         scored = self._scorer.score(
             keys=keys,
             rewards=torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64),
@@ -217,6 +226,7 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             tool_positions=tool_positions,
             conversations=[_conversation_id(sample) for sample in samples],
             correctness_scores=self._correctness_scores(samples),
+            shaping_extras=extras,
         )
         if hasattr(self._scorer.tracker, "advance"):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
@@ -263,14 +273,42 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             )
         return torch.tensor([sample.metrics[key] for sample in samples], dtype=torch.float64)
 
-    def _first_call_position(self, sample) -> torch.Tensor:
-        """Action tokens before the sample's first tool call (-1 for none), counted from its first completion token."""
-        mask = torch.as_tensor(sample.completion_mask)
-        start = int(mask.nonzero()[0]) if bool(mask.any()) else mask.numel()
-        ids = torch.as_tensor(sample.input_ids)[start:].unsqueeze(0)
-        action = mask[start:].unsqueeze(0)
-        positions, *_ = first_tool_call_positions(ids, action, torch.ones_like(action), self._call_token_ids)
-        return positions[0]
+    def _tool_statistics(self, samples) -> tuple[torch.Tensor, list[str]]:
+        """Per sample, (B, 4) long: action tokens before the first tool call (-1 for none), action tokens, calls and
+        interactive turns, counted from its first completion token (by `tool_call_pattern` on the decoded text when
+        set, else by `tool_call_opener`'s tokens), and the decoded completions (tool outputs included)."""
+        rows, texts = [], []
+        for sample in samples:
+            mask = torch.as_tensor(sample.completion_mask)
+            start = int(mask.nonzero()[0]) if bool(mask.any()) else mask.numel()
+            ids = torch.as_tensor(sample.input_ids)[start:].unsqueeze(0)
+            action = mask[start:].unsqueeze(0)
+            texts.append(self.processing_class.decode(ids[0], skip_special_tokens=True))
+            if self.args.tool_call_pattern is not None:
+                stats = regex_tool_call_positions(
+                    texts[-1:], ids, self.processing_class, self.args.tool_call_pattern, action
+                )
+            else:
+                stats = first_tool_call_positions(
+                    ids, action, torch.ones_like(action), self._call_token_ids, self._whitespace_token_ids
+                )
+            rows.append(torch.stack([value[0] for value in stats]))
+        return torch.stack(rows), texts
+
+    def _shaping_extras(self, statistics: torch.Tensor, texts: list[str]):
+        """The optional shaping extras (trl_aspo.single_stream.make_shaping_hooks) as a function of the advantages
+        they are added to, or None without any."""
+        if not self._shaping_hooks:
+            return None
+        positions, lengths, calls, turns = statistics.unbind(dim=1)
+
+        def extras(advantages: torch.Tensor) -> torch.Tensor:
+            bias = torch.zeros_like(advantages)
+            for hook in self._shaping_hooks:
+                bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
+            return bias
+
+        return extras
 
     # ---------------------------------------------------------------- checkpoints
     def _save_rng_state(self, output_dir: str) -> None:

@@ -10,7 +10,7 @@ data flow is one function here; the trainers only gather their samples and call 
    own policy event: the generation round, or the sample's model version);
 4. normalization over the batch (`normalize_advantages`: `batch` or `token`, trl_aspo.normalize);
 5. tool-position shaping (`tool_shaping_bias`, trl_aspo.shaping) by prompt group, or over the batch with one
-   completion per prompt;
+   completion per prompt, and its optional extras (`make_shaping_hooks`);
 6. checkpointed state: which settings a resume may change (`resume_settings`, `check_resume_settings`), resuming
    without state (`require_state_or_reset`) and restoring the tracker (`restore_tracker`).
 
@@ -24,7 +24,9 @@ of outcomes visible to each sample (trl_aspo.event_values).
 
 from __future__ import annotations
 
+import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +34,7 @@ import torch
 from .event_values import AsyncEventValues
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_id_key, prompt_key, prompt_match_key
-from .shaping import is_correct, shaping_stats, tool_position_bias
+from .shaping import CallablePenalty, InteractiveTurnBonus, ShapingHook, is_correct, shaping_stats, tool_position_bias
 from .tracker import EventValueTracker, VisitValueTracker
 from .value_init import read_init_records
 
@@ -233,6 +235,24 @@ def tool_shaping_bias(
     return bias, eligible
 
 
+def make_shaping_hooks(args) -> list[ShapingHook]:
+    """The optional shaping extras added after the tool-position bias: `tool_shaping_interactive_bonus` and the
+    `tool_shaping_penalty` function (a dotted import path)."""
+    hooks: list[ShapingHook] = []
+    if args.tool_shaping_interactive_bonus > 0:
+        hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
+    if args.tool_shaping_penalty is not None:
+        module_name, _, attribute = args.tool_shaping_penalty.rpartition(".")
+        try:
+            penalty = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise ValueError(
+                f"{_field(args, 'tool_shaping_penalty')}={args.tool_shaping_penalty!r} could not be imported: {error}"
+            ) from None
+        hooks.append(CallablePenalty(penalty))
+    return hooks
+
+
 # ---------------------------------------------------------------- 6. checkpointed state
 def resume_settings(args, train_rows: int | None) -> dict:
     """The settings a resumed run is compared with (README, "Resuming")."""
@@ -404,13 +424,15 @@ class StepScorer:
         tool_positions: torch.Tensor | None = None,
         conversations: list[object] | None = None,
         correctness_scores: torch.Tensor | None = None,
+        shaping_extras: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> ScoredBatch:
         """Baseline, normalization and shaping of one batch (all tensors (B,), in arrival order).
 
         `tool_positions`: action tokens before each sample's first tool call (-1 for none); needed with
         `tool_shaping`. `conversations`: see `baseline`. `correctness_scores`: what shaping compares with
         `tool_shaping_correct_threshold` (the `tool_shaping_correct_reward` function's rewards); the total reward
-        when None."""
+        when None. `shaping_extras`: the optional extras' bias (B,) as a function of the advantages before
+        shaping (see `make_shaping_hooks`)."""
         advantages, metrics = self.baseline(
             keys, rewards, versions, worker_advantages, worker_reward_std, conversations
         )
@@ -422,6 +444,8 @@ class StepScorer:
                 raise ValueError("tool_shaping needs the position of each sample's first tool call.")
             scores = rewards if correctness_scores is None else correctness_scores
             bias, eligible = tool_shaping_bias(advantages, scores, tool_positions, token_counts, group_ids, self.args)
+            if shaping_extras is not None:
+                bias = bias + shaping_extras(advantages)
             advantages = advantages + bias
             metrics.update({f"shaping/{name}": value for name, value in shaping_stats(bias, eligible).items()})
         metrics["zero_advantage_share"] = (

@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
-import importlib
 import inspect
 import math
 import warnings
@@ -43,11 +42,12 @@ from .losses import (
 from .multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
 from .prompt_ids import prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
-from .shaping import CallablePenalty, InteractiveTurnBonus, shaping_stats
+from .shaping import shaping_stats
 from .single_stream import (
     check_resume_settings,
     dataset_prompt_keys,
     init_values_from_file,
+    make_shaping_hooks,
     make_value_tracker,
     normalize_advantages,
     require_state_or_reset,
@@ -105,14 +105,6 @@ def _with_overlong_penalty(reward_funcs, args: GRPOConfig):
     weights = [1.0] * len(funcs) if args.reward_weights is None else list(args.reward_weights)
     args.reward_weights = [*weights, args.overlong_penalty_factor]
     return [*funcs, penalty], args
-
-
-def _import_callable(dotted_path: str, field_name: str):
-    module_name, _, attribute = dotted_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise ValueError(f"ASPOConfig.{field_name}={dotted_path!r} could not be imported: {error}") from None
 
 
 class ASPOTrainer(GRPOTrainer):
@@ -173,13 +165,7 @@ class ASPOTrainer(GRPOTrainer):
         self._call_token_ids = resolve_call_token_ids(self._tokenizer, args.tool_call_opener)
         # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
         self._whitespace_token_ids: set[int] | None = None
-        self._shaping_hooks = []
-        if args.tool_shaping_interactive_bonus > 0:
-            self._shaping_hooks.append(InteractiveTurnBonus(bonus=args.tool_shaping_interactive_bonus))
-        if args.tool_shaping_penalty is not None:
-            self._shaping_hooks.append(
-                CallablePenalty(_import_callable(args.tool_shaping_penalty, "tool_shaping_penalty"))
-            )
+        self._shaping_hooks = make_shaping_hooks(args)
         if (
             args.tool_shaping_correct_reward is not None
             and args.tool_shaping_correct_reward not in self.reward_func_names

@@ -171,3 +171,13 @@ def test_trl_aspo_train_runs_the_quickstart_async_config(tmp_path):
     args = torch.load(output_dir / "training_args.bin", weights_only=False)
     assert type(args) is AsyncASPOConfig and args.max_steps == 2 and args.output_dir == str(output_dir)
     assert args.loss_type == "aspo" and args.advantage_estimator == "spo++" and args.num_generations == 1
+
+
+def test_trl_aspo_evaluate_reads_an_async_config(tmp_path):
+    from trl_aspo.cli import main
+
+    output = tmp_path / "evaluation.json"
+    argv = ["evaluate", "--model", "builtin:tiny-calculator", "--config", "configs/quickstart_async.yaml"]
+    assert main([*argv, "--limit", "2", "--output", str(output)]) == 0
+    evaluation = json.loads(output.read_text())
+    assert evaluation["settings"]["max_completion_length"] == 64

@@ -132,6 +132,20 @@ def test_local_worker_refuses_several_processes_and_jitter_needs_it():
         build_async_trainer(script, SimpleNamespace(world_size=1, use_cpu=False), None, [], [], None)
 
 
+def test_launching_several_processes_with_the_local_worker_is_refused_before_launch(tmp_path, monkeypatch):
+    import accelerate.commands.launch
+
+    from trl_aspo.cli import main
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("accelerate launch must not start")
+
+    monkeypatch.setattr(accelerate.commands.launch, "launch_command", no_launch)
+    path = write_yaml(tmp_path, ASYNC_YAML)
+    with pytest.raises(SystemExit, match=r"trl-aspo train: rollout_worker='local' with 2 processes"):
+        main(["train", "--num_processes", "2", "--config", path])
+
+
 def test_generation_attention_swaps_packed_tree_attention_for_sdpa_and_back():
     from transformers import AutoModelForCausalLM
     from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention

@@ -334,6 +334,24 @@ def resolve_rollout_worker(script_args, training_args) -> str:
     return "local" if training_args.use_cpu or not torch.cuda.is_available() else "trl"
 
 
+def _local_worker_processes_message(num_processes: int) -> str:
+    return (
+        f"rollout_worker='local' with {num_processes} processes: the local worker is a one-process path (it "
+        "generates inside the training process, on a CPU copy of the policy). Run one process (no --num_processes), "
+        "or use rollout_worker: trl with a vLLM server for several."
+    )
+
+
+def refuse_local_worker_with_processes(num_processes: int, argv: list[str]) -> None:
+    """Before `accelerate launch` starts `num_processes` copies: exit with the reason if the command line asks for
+    the asynchronous trainer with the local worker, which runs in one process."""
+    if requested_trainer(argv) != "async":
+        return
+    script_args, training_args, _, _ = parse_command_line(argv)
+    if resolve_rollout_worker(script_args, training_args) == "local":
+        raise SystemExit(f"trl-aspo train: {_local_worker_processes_message(num_processes)}")
+
+
 def build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset):
     """`AsyncASPOTrainer` with the rollout worker `rollout_worker` names.
 
@@ -346,11 +364,7 @@ def build_async_trainer(script_args, training_args, model_args, reward_funcs, to
 
     worker_kind = resolve_rollout_worker(script_args, training_args)
     if worker_kind == "local" and training_args.world_size > 1:
-        raise ValueError(
-            f"rollout_worker='local' with {training_args.world_size} processes: the local worker is a one-process "
-            "path (it generates inside the training process, on a CPU copy of the policy). Run one process "
-            "(no --num_processes), or use rollout_worker: trl with a vLLM server for several."
-        )
+        raise ValueError(_local_worker_processes_message(training_args.world_size))
     if worker_kind == "trl" and script_args.rollout_jitter_s:
         raise ValueError(
             f"rollout_jitter_s={script_args.rollout_jitter_s} needs rollout_worker: local; TRL's worker is timed by "

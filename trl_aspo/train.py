@@ -186,9 +186,9 @@ def check_keys_for_trainer(keys, trainer: str) -> None:
                 )
 
 
-def parse_config(config: dict, trainer: str | None = None):
+def parse_config(config: dict):
     """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file)."""
-    trainer = config.get("trainer", "sync") if trainer is None else trainer
+    trainer = config.get("trainer", "sync")
     _check_choice("trainer", trainer, TRAINERS)
     check_keys_for_trainer(config, trainer)
     return make_parser(trainer=trainer).parse_dict(config)

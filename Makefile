@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-aspo-installed
 
-.PHONY: install quickstart smoke test lint
+.PHONY: install quickstart quickstart-async smoke test lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ install: $(STAMP)
 
 quickstart: $(STAMP)
 	$(BIN)/trl-aspo train --config configs/quickstart.yaml
+
+quickstart-async: $(STAMP)
+	$(BIN)/trl-aspo train --config configs/quickstart_async.yaml
 
 smoke: $(STAMP)
 	$(BIN)/trl-aspo train --config configs/smoke.yaml

@@ -56,6 +56,10 @@ def train(argv: list[str]) -> int:
 
         train_main(script_args)
         return 0
+    if "--num_processes" in launch and int(launch[launch.index("--num_processes") + 1]) > 1:
+        from .train import refuse_local_worker_with_processes
+
+        refuse_local_worker_with_processes(int(launch[launch.index("--num_processes") + 1]), script_args)
     from accelerate.commands.launch import launch_command, launch_command_parser
 
     launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.train", *script_args]))

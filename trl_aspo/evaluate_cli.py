@@ -25,7 +25,15 @@ from typing import Any
 import torch
 
 from .builtin import TINY_CALCULATOR, is_builtin, is_builtin_tokenizer_dir, load_builtin, load_tokenizer
-from .train import BUILTIN_DATASET, BUILTIN_REWARDS, BUILTIN_TOOLS, load_datasets, make_parser, resolve_callable
+from .train import (
+    BUILTIN_DATASET,
+    BUILTIN_REWARDS,
+    BUILTIN_TOOLS,
+    load_datasets,
+    make_parser,
+    requested_trainer,
+    resolve_callable,
+)
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
 # a CPU run (placed before the user's flags, which still win).
@@ -178,7 +186,9 @@ def main(argv: list[str]) -> int:
 
     try:
         config_args = ["--config", args.config] if args.config else []
-        script_args, training_args, _, dataset_args, unknown = make_parser().parse_args_and_config(
+        # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
+        config_parser = make_parser(trainer=requested_trainer([*config_args, *rest]))
+        script_args, training_args, _, dataset_args, unknown = config_parser.parse_args_and_config(
             args=[*_PARSE_AS_CPU, *config_args, *rest], return_remaining_strings=True
         )
         if unknown:

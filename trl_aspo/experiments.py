@@ -185,16 +185,18 @@ def load_experiment(path: str) -> Experiment:
 
 
 def parse_run_config(config: dict[str, Any]):
-    """(script_args, training_args, model_args, dataset_args) of a run config, as `trl-aspo train` parses a YAML."""
-    from .train import make_parser
+    """(script_args, training_args, model_args, dataset_args) of a run config, as `trl-aspo train` parses a YAML
+    (its `trainer` key picks the config classes)."""
+    from .train import parse_config
 
-    return make_parser().parse_dict(config)
+    return parse_config(config)
 
 
 def completions_per_step(training_args, num_processes: int = 1) -> int:
-    """Completions generated per optimizer step: TRL reuses each generation batch `num_iterations` times."""
+    """Completions trained per optimizer step: GRPOTrainer reuses each generation batch `num_iterations` times;
+    the asynchronous trainer (no `num_iterations`) trains each sample it keeps once."""
     consumed = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * num_processes
-    return max(1, consumed // training_args.num_iterations)
+    return max(1, consumed // getattr(training_args, "num_iterations", 1))
 
 
 def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict[str, Any]:
@@ -215,10 +217,12 @@ def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict
     trainer.save_state()
     heldout = None
     if experiment.evaluation is not None:
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        heldout = evaluate_heldout(
-            experiment, (script_args, training_args, dataset_args), model, trainer.processing_class, seed
-        )
+        from .report import generation_attention
+
+        with generation_attention(trainer.accelerator.unwrap_model(trainer.model)) as model:
+            heldout = evaluate_heldout(
+                experiment, (script_args, training_args, dataset_args), model, trainer.processing_class, seed
+            )
     summary = {
         "variant": variant,
         "seed": seed,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 from .evaluation import evaluate_tool_use
+
+# The attention AsyncGRPOTrainer loads its policy with (trl.experimental.async_grpo.packing.TREE_ATTENTION): it needs
+# the packed batch's tree indices, which generation does not have.
+PACKED_TREE_ATTENTION = "tree_fa3"
 
 SUMMARY_ROWS = (
     ("held-out accuracy", "accuracy", "{:.1%}"),
@@ -26,6 +31,21 @@ def format_summary(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def generation_attention(model):
+    """Run generation with standard attention ('sdpa') on a model set up for TRL's packed tree attention (the
+    asynchronous trainer's policy), restoring it afterwards; any other model is used as it is."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != PACKED_TREE_ATTENTION:
+        yield model
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(implementation)
+
+
 class BeforeAfterReport:
     """Evaluates the trainer's model on the held-out split before and after training (main process only).
 
@@ -44,18 +64,19 @@ class BeforeAfterReport:
         trainer = self.trainer
         if trainer.accelerator.is_main_process:
             args = trainer.args
-            summary = evaluate_tool_use(
-                trainer.accelerator.unwrap_model(trainer.model),
-                trainer.processing_class,
-                self.dataset,
-                self.reward_fn,
-                self.tools,
-                num_samples=self.samples_per_problem,
-                temperature=self.temperature,
-                max_completion_length=args.max_completion_length,
-                max_tool_calls=args.max_tool_calling_iterations,
-                seed=args.seed,
-            )
+            with generation_attention(trainer.accelerator.unwrap_model(trainer.model)) as model:
+                summary = evaluate_tool_use(
+                    model,
+                    trainer.processing_class,
+                    self.dataset,
+                    self.reward_fn,
+                    self.tools,
+                    num_samples=self.samples_per_problem,
+                    temperature=self.temperature,
+                    max_completion_length=args.max_completion_length,
+                    max_tool_calls=args.max_tool_calling_iterations,
+                    seed=args.seed,
+                )
             summary.pop("records")
             self.results[label] = summary
         trainer.accelerator.wait_for_everyone()

@@ -3,6 +3,11 @@
 Arguments follow TRL's `TrlParser` conventions: a YAML file given with `--config` sets the defaults of every field
 of `ASPOScriptArguments`, `ASPOConfig`, `ModelConfig` and `DatasetMixtureConfig`; command-line flags override it;
 an `env:` block sets environment variables; a key that no dataclass knows is an error that names it.
+
+The script argument `trainer` picks the trainer before anything else is parsed: `sync` (default) trains with
+`ASPOTrainer`; `async` with `AsyncASPOTrainer`, whose fields come from `AsyncASPOConfig` (in place of `ASPOConfig`)
+and `AsyncModelArguments` (in place of `ModelConfig`: TRL's async trainer loads the model from a path with the
+config's `dtype` and `model_init_kwargs`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,15 @@ from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
 from .config import ASPOConfig
 
+TRAINERS = {
+    "sync": "ASPOTrainer, on TRL's GRPOTrainer loop (config: ASPOConfig)",
+    "async": "AsyncASPOTrainer, on TRL's experimental AsyncGRPOTrainer (config: AsyncASPOConfig)",
+}
+ROLLOUT_WORKERS = {
+    "auto": "'local' when training on a CPU (use_cpu, or no CUDA device), else 'trl'",
+    "local": "trl_aspo's in-process LocalRolloutWorker with LocalWeightTransfer (CPU, no vLLM, no network)",
+    "trl": "TRL's own rollout worker process with a vLLM server at vllm_server_base_url (GPU)",
+}
 BUILTIN_DATASET = "builtin:calculator"
 BUILTIN_REWARDS = {"builtin:correctness": "trl_aspo.builtin.task.correctness_reward"}
 BUILTIN_TOOLS = {"builtin:calculator": "trl_aspo.builtin.task.calculator"}
@@ -61,10 +75,123 @@ class ASPOScriptArguments(ScriptArguments):
         default=0.0, metadata={"help": "Sampling temperature of the before/after evaluation; 0 = greedy."}
     )
     plot: bool = field(default=True, metadata={"help": "Save training curves as `<output_dir>/training_curves.png`."})
+    trainer: str = field(
+        default="sync",
+        metadata={
+            "help": "Which trainer runs: " + "; ".join(f"'{name}' = {text}" for name, text in TRAINERS.items()) + ".",
+            "choices": list(TRAINERS),
+        },
+    )
+    rollout_worker: str = field(
+        default="auto",
+        metadata={
+            "help": "trainer='async' only: who generates the rollouts. "
+            + "; ".join(f"'{name}' = {text}" for name, text in ROLLOUT_WORKERS.items())
+            + ".",
+            "choices": list(ROLLOUT_WORKERS),
+        },
+    )
+    rollout_jitter_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "trainer='async' with the local worker only: each generated turn waits a seeded U(0, "
+            "rollout_jitter_s) seconds first, so samples arrive out of order and stale, as from a real server. "
+            "0 = no delay."
+        },
+    )
+
+    def __post_init__(self):
+        _check_choice("trainer", self.trainer, TRAINERS)
+        _check_choice("rollout_worker", self.rollout_worker, ROLLOUT_WORKERS)
+        if not self.rollout_jitter_s >= 0:
+            raise ValueError(f"rollout_jitter_s={self.rollout_jitter_s}: a delay in seconds, so it must be >= 0.")
+        if self.trainer == "sync":
+            for name, default in (("rollout_worker", "auto"), ("rollout_jitter_s", 0.0)):
+                if getattr(self, name) != default:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} is a setting of the asynchronous trainer, but trainer='sync' "
+                        "generates inside its own loop: set trainer: async, or remove it."
+                    )
 
 
-def make_parser(prog: str | None = None) -> TrlParser:
-    return TrlParser((ASPOScriptArguments, ASPOConfig, ModelConfig, DatasetMixtureConfig), prog=prog)
+@dataclass
+class AsyncModelArguments:
+    """The model of a `trainer: async` run. TRL's AsyncGRPOTrainer loads it from a path, with `AsyncASPOConfig`'s
+    `dtype` and `model_init_kwargs`, so `ModelConfig`'s loading, quantization and PEFT fields do not apply."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A local model directory, a hub id, or 'builtin:tiny-calculator'."},
+    )
+
+
+def _check_choice(name: str, value, choices: dict[str, str]) -> None:
+    if value not in choices:
+        allowed = "; ".join(f"{choice!r} = {text}" for choice, text in choices.items())
+        raise ValueError(f"{name}={value!r} is not one of the choices: {allowed}.")
+
+
+def config_classes(trainer: str = "sync") -> tuple[type, ...]:
+    """The dataclasses a `trl-aspo train` config of this `trainer` fills, in the order the parser returns them."""
+    _check_choice("trainer", trainer, TRAINERS)
+    if trainer == "async":
+        from .async_config import AsyncASPOConfig
+
+        return ASPOScriptArguments, AsyncASPOConfig, AsyncModelArguments, DatasetMixtureConfig
+    return ASPOScriptArguments, ASPOConfig, ModelConfig, DatasetMixtureConfig
+
+
+def make_parser(prog: str | None = None, trainer: str = "sync") -> TrlParser:
+    return TrlParser(config_classes(trainer), prog=prog)
+
+
+def config_file(argv: list[str]) -> dict | None:
+    """The mapping of the `--config` YAML of a command line; None without one (or unreadable: TrlParser says why)."""
+    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+        return None
+    import yaml
+
+    try:
+        with open(argv[argv.index("--config") + 1]) as handle:
+            config = yaml.safe_load(handle)
+    except OSError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def requested_trainer(argv: list[str]) -> str:
+    """The `trainer` a command line asks for: its `--trainer` flag, else the `--config` YAML's key, else 'sync'.
+
+    Read before parsing, because it decides which config class parses everything else."""
+    for index, arg in enumerate(argv):
+        if arg == "--trainer" and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--trainer="):
+            return arg.split("=", 1)[1]
+    return (config_file(argv) or {}).get("trainer", "sync")
+
+
+def check_keys_for_trainer(keys, trainer: str) -> None:
+    """Refuse, by name, a key that only the other trainer's config has (instead of TrlParser's bare "unknown")."""
+    own = {name for cls in config_classes(trainer) for name in cls.__dataclass_fields__}
+    for other in TRAINERS:
+        if other == trainer:
+            continue
+        for key in sorted(set(keys) - own):
+            owner = next((cls for cls in config_classes(other) if key in cls.__dataclass_fields__), None)
+            if owner is not None:
+                raise ValueError(
+                    f"{key!r} is a field of {owner.__name__} (trainer: {other}), which trainer: {trainer} does not "
+                    f"take ({TRAINERS[trainer]}): remove it, or set trainer: {other}."
+                )
+
+
+def parse_config(config: dict):
+    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file)."""
+    trainer = config.get("trainer", "sync")
+    _check_choice("trainer", trainer, TRAINERS)
+    check_keys_for_trainer(config, trainer)
+    return make_parser(trainer=trainer).parse_dict(config)
 
 
 def resolve_callable(name: str, builtins: dict[str, str], what: str):
@@ -105,26 +232,30 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
     return dataset[script_args.dataset_train_split], test
 
 
+def parse_command_line(argv: list[str]):
+    """(script_args, training_args, model_args, dataset_args) of a `trl-aspo train` command line."""
+    trainer = requested_trainer(argv)
+    _check_choice("trainer", trainer, TRAINERS)
+    check_keys_for_trainer(config_file(argv) or {}, trainer)
+    return make_parser(prog="trl-aspo train", trainer=trainer).parse_args_and_config(args=argv)
+
+
 def main(argv: list[str] | None = None) -> None:
     # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
-    parser = make_parser(prog="trl-aspo train")
-    script_args, training_args, model_args, dataset_args = parser.parse_args_and_config(args=argv)
-    run(script_args, training_args, model_args, dataset_args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run(*parse_command_line(argv))
 
 
 def run(
     script_args,
-    training_args: ASPOConfig,
-    model_args: ModelConfig,
+    training_args,
+    model_args,
     dataset_args: DatasetMixtureConfig,
     callbacks: list | None = None,
 ):
     """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given."""
     from transformers.trainer_callback import ProgressCallback
-    from trl import get_peft_config
-
-    from .trainer import ASPOTrainer
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
@@ -134,21 +265,10 @@ def run(
     tools = [resolve_callable(name, BUILTIN_TOOLS, "tools entry") for name in script_args.tools or []]
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
 
-    if not model_args.model_name_or_path.startswith("builtin:"):
-        init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype}
-        if model_args.attn_implementation is not None:
-            init_kwargs["attn_implementation"] = model_args.attn_implementation
-        training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
-
-    trainer = ASPOTrainer(
-        model=model_args.model_name_or_path,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=test_dataset if training_args.eval_strategy != "no" else None,
-        peft_config=get_peft_config(model_args),
-        tools=tools or None,
-    )
+    if script_args.trainer == "async":
+        trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
+    else:
+        trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
     if callbacks:
         trainer.remove_callback(ProgressCallback)
         for callback in callbacks:
@@ -179,6 +299,109 @@ def run(
         trainer.accelerator.print(f"Training curves saved to {path}.")
     trainer.accelerator.wait_for_everyone()
     return trainer
+
+
+def build_sync_trainer(
+    training_args: ASPOConfig, model_args: ModelConfig, reward_funcs, tools, train_dataset, test_dataset
+):
+    """`ASPOTrainer` on the model named by `ModelConfig` (built-in names load locally)."""
+    from trl import get_peft_config
+
+    from .trainer import ASPOTrainer
+
+    if not model_args.model_name_or_path.startswith("builtin:"):
+        init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype}
+        if model_args.attn_implementation is not None:
+            init_kwargs["attn_implementation"] = model_args.attn_implementation
+        training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
+    return ASPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=test_dataset if training_args.eval_strategy != "no" else None,
+        peft_config=get_peft_config(model_args),
+        tools=tools or None,
+    )
+
+
+def resolve_rollout_worker(script_args, training_args) -> str:
+    """'local' or 'trl': `rollout_worker`, with 'auto' = local on a CPU run, TRL's worker otherwise."""
+    if script_args.rollout_worker != "auto":
+        return script_args.rollout_worker
+    import torch
+
+    return "local" if training_args.use_cpu or not torch.cuda.is_available() else "trl"
+
+
+def _local_worker_processes_message(num_processes: int) -> str:
+    return (
+        f"rollout_worker='local' with {num_processes} processes: the local worker is a one-process path (it "
+        "generates inside the training process, on a CPU copy of the policy). Run one process (no --num_processes), "
+        "or use rollout_worker: trl with a vLLM server for several."
+    )
+
+
+def refuse_local_worker_with_processes(num_processes: int, argv: list[str]) -> None:
+    """Before `accelerate launch` starts `num_processes` copies: exit with the reason if the command line asks for
+    the asynchronous trainer with the local worker, which runs in one process."""
+    if requested_trainer(argv) != "async":
+        return
+    script_args, training_args, _, _ = parse_command_line(argv)
+    if resolve_rollout_worker(script_args, training_args) == "local":
+        raise SystemExit(f"trl-aspo train: {_local_worker_processes_message(num_processes)}")
+
+
+def build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset):
+    """`AsyncASPOTrainer` with the rollout worker `rollout_worker` names.
+
+    The local worker generates in the training process (on a policy copy that `LocalWeightTransfer` keeps current)
+    with `install_cpu_fallbacks()` for what TRL's async trainer otherwise fetches or needs a GPU for. TRL's worker is
+    the trainer's default: a spawned process posting to the vLLM server at `vllm_server_base_url`, NCCL weight sync."""
+    from .async_infra import resolve_model_path
+    from .async_trainer import AsyncASPOTrainer
+    from .builtin import is_builtin_tokenizer_dir, load_tokenizer
+
+    worker_kind = resolve_rollout_worker(script_args, training_args)
+    if worker_kind == "local" and training_args.world_size > 1:
+        raise ValueError(_local_worker_processes_message(training_args.world_size))
+    if worker_kind == "trl" and script_args.rollout_jitter_s:
+        raise ValueError(
+            f"rollout_jitter_s={script_args.rollout_jitter_s} needs rollout_worker: local; TRL's worker is timed by "
+            "its vLLM server."
+        )
+    model = resolve_model_path(model_args.model_name_or_path)
+    if is_builtin_tokenizer_dir(model):
+        tokenizer = load_tokenizer(model)  # AutoTokenizer would rebuild it with different ids (see load_tokenizer)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=training_args.trust_remote_code)
+    worker_kwargs = {}
+    if worker_kind == "local":
+        from .async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+
+        install_cpu_fallbacks()
+        worker = LocalRolloutWorker(
+            model,
+            tokenizer,
+            train_dataset,
+            reward_funcs,
+            training_args,
+            tools=tools or None,
+            jitter_s=script_args.rollout_jitter_s,
+            seed=training_args.seed,
+        )
+        worker_kwargs = {"rollout_worker": worker, "weight_transfer": LocalWeightTransfer(worker)}
+    return AsyncASPOTrainer(
+        model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        tools=tools or None,
+        **worker_kwargs,
+    )
 
 
 if __name__ == "__main__":

@@ -192,3 +192,29 @@ def test_tool_shaping_reads_correctness_from_the_named_reward(tmp_path):
     bias = torch.tensor([-0.1, 0.0, 0.1], dtype=torch.float64)
     torch.testing.assert_close(result.advantages, base + torch.maximum(torch.minimum(bias, bound), -bound))
     assert result.metrics["shaping/eligible_frac"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "normalization"), [("spo++", "token"), ("spo", "batch"), ("group", "batch"), ("group", "group")]
+)
+def test_infinite_rewards_leave_their_samples_unscored(tmp_path, estimator, normalization):
+    """As in ASPOTrainer, an infinite total reward is TRL's None: its sample gets 0 and every other advantage stays
+    finite, including its group-mates' (the worker's z-score of that group is NaN)."""
+    generations = 1 if estimator != "group" else 2
+    scorer = StepScorer(
+        config(
+            tmp_path,
+            advantage_estimator=estimator,
+            advantage_normalization=normalization,
+            num_generations=generations,
+            value_reward_range=[0, 2] if estimator != "group" else None,
+        )
+    )
+    step = [("x", 0, float("inf"), 3, 0), ("x", 0, 1.0, 3, 0), ("y", 0, 0.0, 3, 1), ("y", 0, 2.0, 3, 1)]
+    worker = torch.tensor([float("nan"), float("nan"), -1.0, 1.0])
+    std = torch.tensor([float("nan"), float("nan"), 1.0, 1.0])
+    result = score_step(scorer, step, worker_advantages=worker, reward_std=std)
+    assert bool(torch.isfinite(result.advantages).all())
+    assert result.advantages[0] == 0.0
+    if scorer.tracker is not None:
+        assert scorer.tracker.visits(["x"]).tolist() == [1]  # the infinite one was not observed

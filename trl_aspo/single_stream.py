@@ -334,6 +334,21 @@ def restore_tracker(tracker: ValueTracker, state: dict, path: str, args) -> None
         tracker.rho = args.value_rho
 
 
+def _unscorable_if_infinite(
+    rewards: torch.Tensor, worker_advantages: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    infinite = torch.isinf(rewards)
+    broken = ~torch.isfinite(worker_advantages) & ~infinite & ~torch.isnan(rewards)
+    if not (infinite.any() or broken.any()):
+        return rewards, worker_advantages
+    logger.warning(
+        f"{int(infinite.sum())} infinite total reward(s) in this step are treated as None (those samples unscored), "
+        f"and {int(broken.sum())} non-finite worker advantage(s) of their groups as 0."
+    )
+    rewards = rewards.masked_fill(infinite, float("nan"))
+    return rewards, torch.where(torch.isfinite(worker_advantages), worker_advantages, 0.0)
+
+
 @dataclass
 class ScoredBatch:
     """What `StepScorer.score` returns: final advantages (B,) float64 and the metrics of the batch."""
@@ -432,7 +447,12 @@ class StepScorer:
         `tool_shaping`. `conversations`: see `baseline`. `correctness_scores`: what shaping compares with
         `tool_shaping_correct_threshold` (the `tool_shaping_correct_reward` function's rewards); the total reward
         when None. `shaping_extras`: the optional extras' bias (B,) as a function of the advantages before
-        shaping (see `make_shaping_hooks`)."""
+        shaping (see `make_shaping_hooks`).
+
+        An infinite total reward leaves its sample unscored (as `ASPOTrainer` treats it: TRL's None), and a
+        non-finite worker advantage (the z-score of a group that held one) becomes 0, with a warning, so one bad
+        reward cannot turn the step's statistics into NaN."""
+        rewards, worker_advantages = _unscorable_if_infinite(rewards, worker_advantages)
         advantages, metrics = self.baseline(
             keys, rewards, versions, worker_advantages, worker_reward_std, conversations
         )

@@ -6,14 +6,16 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
 
 - `StepScoringDataset` sits between TRL's `RolloutQueueDataset` (after its staleness drop) and its fixed-count
   batcher; it takes one optimizer step's samples and replaces their advantages with `single_stream.StepScorer`'s
-  (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping).
-- The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume.
+  (baseline `R - v(x, z)` with `z` the sample's `model_version`, normalization over the step, tool shaping); with
+  `filter_zero_variance_groups` it drops all-equal groups before they count.
+- The value tracker is saved with every checkpoint (trl_aspo.checkpoint_state) and restored on resume under the
+  synchronous trainer's rules (trl_aspo.single_stream).
 - With `LocalRolloutWorker`, checkpoints record the first untrained prompt (`rollout_state.json`) and a resumed run
   restarts the worker there, as TRL does for its own worker (`LocalWorkerResumeMixin`).
 - `prioritized_sampling`: the rollout worker draws each prompt group by priority from weights in shared memory
   (trl_aspo.prompt_stream) that the trainer refreshes from the tracker after scoring each step.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
-  the generator's log-probs as the old policy.
+  the generator's log-probs as the old policy, laid out per sample (trl_aspo.packed) for the per-completion options.
 
 With every new field at its default the trainer is `AsyncGRPOTrainer`: no scoring layer, TRL's loss.
 """

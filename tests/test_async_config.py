@@ -58,7 +58,6 @@ def test_single_stream_defaults(tmp_path):
         ({"num_generations": 1}, r"num_generations=1 is invalid: the group baseline needs at least 2"),
         ({"advantage_estimator": "spo++", "advantage_normalization": "group"}, r"advantage_normalization='group'"),
         ({"prioritized_sampling": True}, r"prioritized_sampling=True is invalid: priorities come from the value"),
-        ({"advantage_estimator": "spo++", "value_init_samples": 4}, r"value_init_samples=4 is invalid: the pre-pass"),
         ({"advantage_estimator": "spo", "value_rho_mode": "kl"}, r"value_rho_mode='kl' is invalid"),
         ({"value_rho": 1.5}, r"value_rho=1.5 is invalid: must lie in \(0, 1\]"),
         ({"value_rho": "high"}, r"value_rho='high' is invalid: must be a finite number"),

@@ -632,3 +632,46 @@ def test_tool_shaping_extras_and_pattern(tmp_path, tokenizer, pattern):
     # Calls 1 and interactive turns 1 (text before the call) on the crafted samples; the bonus only where A > 0.
     expected = torch.tensor([0.1 - 0.25, 0.0, 0.1 - 0.25, 0.0], dtype=torch.float64)
     torch.testing.assert_close(kwargs["shaping_extras"](advantages), expected)
+
+
+def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, tokenizer, monkeypatch):
+    """`value_init_samples` in async: before training, each training prompt is rolled out that many times with the
+    tools on the starting policy, scored by the summed reward functions, and the tracker's priors are the Jeffreys
+    priors of those counts (an independent tracker built from the recorded rollouts must match at the first step)."""
+    import trl_aspo.async_trainer as async_trainer
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.evaluation import evaluate_tool_use
+    from trl_aspo.event_values import AsyncEventValues
+    from trl_aspo.prompt_ids import prompt_key
+
+    results = []
+
+    def recording_evaluate(*args, **kwargs):
+        results.append(evaluate_tool_use(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(async_trainer, "evaluate_tool_use", recording_evaluate)
+    args = AsyncASPOConfig(
+        **base_fields(tmp_path, max_steps=1, num_generations=1),
+        advantage_estimator="spo++",
+        value_init_samples=2,
+        value_reward_range=[0.0, 2.0],  # correctness + digit share
+    )
+    trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
+    at_first_score = []
+    score_step = trainer._score_step
+    trainer._score_step = lambda step: at_first_score.append(trainer._scorer.tracker.state_dict()) or score_step(step)
+    trainer.train()
+
+    (result,) = results
+    dataset = make_dataset("train", 32, seed=0)
+    keys = [prompt_key(row["prompt"]) for row in dataset]
+    assert result["num_problems"] == 32 and len(result["records"]) == 64
+    successes, trials = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0)
+    for record in result["records"]:
+        successes[keys[record["problem"]]] += record["reward"] / 2.0
+        trials[keys[record["problem"]]] += 1
+    assert set(trials.values()) == {2} and 0 < sum(successes.values()) < 64
+    expected = AsyncEventValues(rho=args.value_rho)
+    expected.init_from_counts(keys, [successes[k] for k in keys], [2] * 32, prior_strength=args.value_prior_strength)
+    assert at_first_score[0] == expected.state_dict()

@@ -71,3 +71,18 @@ def test_code_unit_test_reward_discards_program_output():
     assert code_unit_test_reward([completion], [["assert True"]], timeout=60.0) == [1.0]
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 64
+
+
+def test_summed_rewards_adds_functions_like_the_async_worker():
+    import math
+
+    from trl_aspo.rewards import summed_rewards
+
+    def first(completions, **kwargs):
+        return [1.0, None, None, 0.5]
+
+    async def second(completions, **kwargs):
+        return [0.25, 0.5, None, float("nan")]
+
+    totals = summed_rewards([first, second])(completions=["a", "b", "c", "d"], prompts=["p"] * 4)
+    assert totals[0] == 1.25 and totals[1] == 0.5 and math.isnan(totals[2]) and totals[3] == 0.5

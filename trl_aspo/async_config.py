@@ -24,7 +24,6 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
-    "value_init_samples": f"the pre-pass: {_NOT_YET}; use value_init_file",
 }
 
 

@@ -22,7 +22,9 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
+import inspect
 import logging
+import math
 
 import torch
 from datasets import Dataset
@@ -31,6 +33,7 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 from .async_config import AsyncASPOConfig
 from .async_infra.local_worker import LocalWorkerResumeMixin
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
+from .evaluation import evaluate_tool_use
 from .event_values import AsyncEventValues
 from .filters import zero_variance_from_std
 from .losses import (
@@ -43,6 +46,8 @@ from .losses import (
 from .packed import SegmentRows
 from .prompt_ids import prompt_key
 from .prompt_stream import PromptPriorities, attach_prompt_priorities
+from .report import generation_attention
+from .rewards import summed_rewards
 from .single_stream import (
     StepScorer,
     check_resume_settings,
@@ -52,6 +57,7 @@ from .single_stream import (
     require_state_or_reset,
     restore_tracker,
     resume_settings,
+    tracker_rewards,
 )
 from .tool_metrics import (
     first_tool_call_positions,
@@ -131,6 +137,13 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
                 f"AsyncASPOTrainer needs an AsyncASPOConfig as `args`, got {type(args).__name__}; AsyncASPOConfig "
                 "takes every AsyncGRPOConfig field."
             )
+        bound = inspect.signature(AsyncGRPOTrainer.__init__).bind(
+            None, model, reward_funcs, args, *positional, **kwargs
+        )
+        # Kept for the value pre-pass, which rolls out on the trainer (the worker owns the rollouts otherwise).
+        self._prepass_inputs = {
+            name: bound.arguments.get(name) for name in ("reward_funcs", "tools", "environment_factory")
+        }
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._scorer = StepScorer(self.args, self.train_dataset)
         self._call_token_ids = self._whitespace_token_ids = []
@@ -143,6 +156,73 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         if self.args.prompt_id_column is not None:
             self._ids_by_prompt = prompt_ids_by_content(self.train_dataset, self.args)
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
+
+    # ---------------------------------------------------------------- value pre-pass
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Trainer.train`, preceded on a fresh start by the value pre-pass when `value_init_samples > 0` (as in
+        ASPOTrainer: a resumed run restores its tracker from the checkpoint instead)."""
+        if (
+            self._scorer.tracker is not None
+            and self.args.value_init_samples > 0
+            and not resume_from_checkpoint
+            and self.state.global_step == 0
+            and self.accelerator.is_main_process
+        ):
+            self._value_init_prepass()
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _value_init_prepass(self) -> None:
+        """Initialize the tracker from `value_init_samples` completions per training prompt of the starting policy.
+
+        The rollouts run on the trainer's policy with the tool loop of `trl_aspo.evaluation` (TRL's, at the training
+        temperature, `max_completion_length` and `max_tool_calling_iterations`), scored by the sum of the reward
+        functions as the rollout worker scores (weight 1 each; NaN where every function abstains). A prompt's
+        successes are its summed rewards mapped to [0, 1] and its trials its scorable samples; priors are anchored at
+        version 0, the start of training."""
+        if self._prepass_inputs["environment_factory"] is not None:
+            raise ValueError(
+                "AsyncASPOConfig.value_init_samples does not support `environment_factory` (environments own the "
+                "rollout state); initialize the tracker with value_init_file instead."
+            )
+        dataset = self.train_dataset
+        if not isinstance(dataset, Dataset):
+            raise ValueError("AsyncASPOConfig.value_init_samples needs a map-style `datasets.Dataset` of prompts.")
+        keys = dataset_prompt_keys(dataset, self.args)
+        first_rows: dict[str, int] = {}
+        for row, key in enumerate(keys):
+            first_rows.setdefault(key, row)
+        funcs = self._prepass_inputs["reward_funcs"]
+        funcs = [] if funcs is None else list(funcs) if isinstance(funcs, list | tuple) else [funcs]
+        with generation_attention(self.model) as model:
+            result = evaluate_tool_use(
+                model,
+                self.processing_class,
+                dataset.select(list(first_rows.values())),
+                summed_rewards(funcs),
+                list(self._prepass_inputs["tools"] or []),
+                num_samples=self.args.value_init_samples,
+                temperature=self.args.temperature,
+                max_completion_length=self.args.max_completion_length,
+                max_tool_calls=self.args.max_tool_calling_iterations,
+                seed=self.args.seed,
+            )
+        prompt_keys = list(first_rows)
+        rewards = torch.tensor([record["reward"] for record in result["records"]], dtype=torch.float64)
+        outcomes = tracker_rewards(rewards, self.args)
+        successes, trials = [0.0] * len(prompt_keys), [0] * len(prompt_keys)
+        for record, outcome in zip(result["records"], outcomes.tolist(), strict=True):
+            if not math.isnan(outcome):
+                successes[record["problem"]] += outcome
+                trials[record["problem"]] += 1
+        scored = [index for index, count in enumerate(trials) if count > 0]
+        self._scorer.tracker.init_from_counts(
+            [prompt_keys[i] for i in scored],
+            [successes[i] for i in scored],
+            [trials[i] for i in scored],
+            prior_strength=self.args.value_prior_strength,
+        )
+        if self._prompt_priorities is not None:
+            self._refresh_priorities(self._dataset_keys)
 
     # ---------------------------------------------------------------- prioritized prompt stream
     def _start_prompt_priorities(self) -> PromptPriorities:

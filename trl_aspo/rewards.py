@@ -1,10 +1,14 @@
-"""Reward functions for the reference recipes that TRL does not ship."""
+"""Reward functions for the reference recipes that TRL does not ship, and the asynchronous trainer's reward sum."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 _PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
@@ -41,3 +45,22 @@ def code_unit_test_reward(completions, tests, timeout: float = 10.0, **kwargs) -
         except subprocess.TimeoutExpired:
             rewards.append(0.0)
     return rewards
+
+
+def summed_rewards(reward_funcs: list[Callable]) -> Callable[..., list[float]]:
+    """One TRL-style reward function returning, per completion, the sum of `reward_funcs` with weight 1 each, as
+    TRL's asynchronous rollout worker scores (None counts as NaN and is skipped; NaN when every function abstains).
+    Coroutine functions are awaited."""
+
+    def total(**kwargs) -> list[float]:
+        columns = []
+        for func in reward_funcs:
+            values = asyncio.run(func(**kwargs)) if inspect.iscoroutinefunction(func) else func(**kwargs)
+            columns.append([math.nan if value is None else float(value) for value in values])
+        totals = []
+        for values in zip(*columns, strict=True):
+            scored = [value for value in values if not math.isnan(value)]
+            totals.append(sum(scored) if scored else math.nan)
+        return totals
+
+    return total

@@ -61,7 +61,12 @@ def test_a_variant_with_a_key_the_async_trainer_lacks_is_named_before_anything_r
 
 @pytest.mark.parametrize(
     "path",
-    ["configs/quickstart_async.yaml", "configs/quickstart.yaml", "configs/experiments/async_single_stream.yaml"],
+    [
+        "configs/quickstart_async.yaml",
+        "configs/quickstart.yaml",
+        "configs/experiments/async_single_stream.yaml",
+        "configs/experiments/async_single_stream_60.yaml",
+    ],
 )
 def test_shipped_configs_parse_with_the_trainer_they_name(path):
     import yaml

@@ -3,6 +3,8 @@ fields of a few fast CPU steps of TRL's AsyncGRPOTrainer."""
 
 from __future__ import annotations
 
+from tiny_fields import tiny_run_fields
+
 from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
 
 MODEL = str(CHECKPOINT_DIR)
@@ -17,22 +19,27 @@ def calculator_tokenizer():
 
 def async_fields(tmp_path, **overrides) -> dict:
     """Config fields for a few fast CPU steps (fixed-count batches); keyword overrides replace any field."""
-    fields = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        token_budget=0,
-        max_staleness=2,
-        max_tool_calling_iterations=1,
+    defaults = dict(
+        output_dir=tmp_path / "out", max_steps=3, token_budget=0, max_staleness=2, max_tool_calling_iterations=1
     )
-    fields.update(overrides)
-    return fields
+    return tiny_run_fields(**{**defaults, **overrides})
+
+
+def trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_funcs, **worker_options):
+    """`trainer_class` on the built-in checkpoint with the calculator tool, generating with a `LocalRolloutWorker`
+    (`worker_options`: its seed, jitter, ...) that `LocalWeightTransfer` keeps in sync."""
+    from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+    from trl_aspo.builtin.task import calculator
+
+    install_cpu_fallbacks()
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], **worker_options)
+    return trainer_class(
+        MODEL,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )

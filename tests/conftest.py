@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from tiny_fields import tiny_run_fields
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -40,22 +41,8 @@ def tiny_config(tmp_path):
     from trl_aspo import ASPOConfig
 
     def make(**overrides):
-        fields = dict(
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=8,
-            num_generations=4,
-            max_completion_length=16,
-            max_steps=2,
-            learning_rate=1e-3,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=True,
-            bf16=False,
-            seed=0,
-            dataloader_num_workers=0,
+        return ASPOConfig(
+            **tiny_run_fields(**{"output_dir": tmp_path / "out", "dataloader_num_workers": 0, **overrides})
         )
-        fields.update(overrides)
-        return ASPOConfig(**fields)
 
     return make

@@ -12,6 +12,7 @@ import sys
 
 import torch
 from dense_reward import digit_share_reward
+from tiny_fields import tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import load_builtin
@@ -22,19 +23,12 @@ def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
     # "spo-kl": SPO with KL-adaptive rho, whose stored visits must be identical on every rank.
     estimator = "spo" if mode == "spo-kl" else mode
     single = estimator != "group"
-    fields = dict(
-        output_dir=f"{out_dir}/{label}",
+    fields = tiny_run_fields(
+        f"{out_dir}/{label}",
         per_device_train_batch_size=2 if not single else 4,
         num_generations=4 if not single else 1,  # group runs: each group of 4 straddles the two ranks
-        max_completion_length=16,
         max_tool_calling_iterations=1,
         max_steps=3,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
         seed=3,
         loss_type="aspo",
         num_iterations=1,

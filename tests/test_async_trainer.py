@@ -8,10 +8,10 @@ import queue
 import numpy as np
 import pytest
 import torch
-from async_common import MODEL, async_fields, calculator_tokenizer
+from async_common import MODEL, async_fields, calculator_tokenizer, trainer_with_local_worker
 
-from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
-from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.async_infra import install_cpu_fallbacks
+from trl_aspo.builtin.task import correctness_reward, make_dataset
 
 
 @pytest.fixture(scope="module")
@@ -27,20 +27,9 @@ def base_fields(tmp_path, **overrides):
 def make_trainer(trainer_class, args, tokenizer, jitter_s=0.0):
     from dense_reward import digit_share_reward
 
-    install_cpu_fallbacks()
     dataset = make_dataset("train", 32, seed=0)
     reward_funcs = [correctness_reward, digit_share_reward]
-    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], jitter_s=jitter_s)
-    return trainer_class(
-        MODEL,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        tools=[calculator],
-        rollout_worker=worker,
-        weight_transfer=LocalWeightTransfer(worker),
-    )
+    return trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_funcs, jitter_s=jitter_s)
 
 
 def losses(trainer):

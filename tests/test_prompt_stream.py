@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 import torch
-from async_common import MODEL, async_fields, calculator_tokenizer
+from async_common import MODEL, async_fields, calculator_tokenizer, trainer_with_local_worker
 
 from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
@@ -220,21 +220,11 @@ def test_trainer_starts_the_weights_from_the_tracker_and_warns_on_unknown_prompt
 def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
-    install_cpu_fallbacks()
     dataset = make_dataset("train", 32, seed=0)
     init_file, certain = certain_half_init_file(tmp_path, dataset)
     args = AsyncASPOConfig(**prioritized_fields(tmp_path, init_file))
-    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
-    trainer = AsyncASPOTrainer(
-        MODEL,
-        reward_funcs=correctness_reward,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        tools=[calculator],
-        rollout_worker=worker,
-        weight_transfer=LocalWeightTransfer(worker),
-    )
+    trainer = trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, correctness_reward, seed=0)
+    worker = trainer.rollout_worker
     assert worker._loop_cls is PrioritizedLocalRolloutLoop
     # Every sample's key (the scorer's) is a dataset row's key (the priorities'): chat prompts hash alike.
     assert {prompt_key(sample["prompt"]) for sample in dataset} == set(trainer._dataset_keys)
@@ -351,17 +341,7 @@ def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenize
     def trainer_for(max_steps):
         fields = prioritized_fields(tmp_path, None, max_steps=max_steps, save_strategy="steps", save_steps=2)
         args = AsyncASPOConfig(**{**fields, "priority_epsilon": 0.05})
-        worker = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args, tools=[calculator], seed=0)
-        return AsyncASPOTrainer(
-            MODEL,
-            reward_funcs=correctness_reward,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            tools=[calculator],
-            rollout_worker=worker,
-            weight_transfer=LocalWeightTransfer(worker),
-        )
+        return trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, correctness_reward, seed=0)
 
     trainer_for(2).train()
     checkpoint = tmp_path / "out" / "checkpoint-2"

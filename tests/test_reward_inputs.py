@@ -7,27 +7,14 @@ import math
 
 import pytest
 import torch
+from tiny_fields import tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
 
 
 def _trainer(tiny_tokenizer, dataset, output_dir, reward_funcs, **overrides) -> ASPOTrainer:
-    fields = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=1,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-    )
-    fields.update(overrides)
+    fields = tiny_run_fields(output_dir, **{"max_completion_length": 8, "max_steps": 1, **overrides})
     return ASPOTrainer(
         model=build_random_model(tiny_tokenizer, seed=0),
         reward_funcs=reward_funcs,

@@ -13,6 +13,7 @@ import re
 
 import pytest
 import torch
+from tiny_fields import tiny_run_fields
 
 import trl_aspo.single_stream as single_stream
 from trl_aspo import ASPOConfig, ASPOTrainer
@@ -79,21 +80,16 @@ def shaped_run(tmp_path_factory, calculator_dataset):
     """Two shaped steps of the warm model with the calculator through TRL's tool loop, every batch kept."""
     model, tokenizer = load_builtin(TINY_CALCULATOR)
     args = ASPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("shaped")),
-        per_device_train_batch_size=16,
-        num_generations=8,
-        max_completion_length=48,
-        max_tool_calling_iterations=1,
-        max_steps=2,
-        learning_rate=1e-4,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        tool_shaping=True,
-        tool_shaping_correct_reward="used_tool_reward",
+        **tiny_run_fields(
+            tmp_path_factory.mktemp("shaped"),
+            per_device_train_batch_size=16,
+            num_generations=8,
+            max_completion_length=48,
+            max_tool_calling_iterations=1,
+            learning_rate=1e-4,
+            tool_shaping=True,
+            tool_shaping_correct_reward="used_tool_reward",
+        )
     )
     trainer = ASPOTrainer(
         model,

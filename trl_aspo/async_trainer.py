@@ -40,7 +40,6 @@ from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
     entropy_split_mask,
-    progressive_flip_threshold,
     unflipped_sample_mask,
 )
 from .packed import SegmentRows
@@ -50,6 +49,7 @@ from .report import generation_attention
 from .rewards import summed_rewards
 from .single_stream import (
     StepScorer,
+    aspo_loss_options,
     check_resume_settings,
     dataset_prompt_keys,
     make_shaping_hooks,
@@ -358,14 +358,17 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     def _tool_statistics(self, samples) -> tuple[torch.Tensor, list[str]]:
         """Per sample, (B, 4) long: action tokens before the first tool call (-1 for none), action tokens, calls and
         interactive turns, counted from its first completion token (by `tool_call_pattern` on the decoded text when
-        set, else by `tool_call_opener`'s tokens), and the decoded completions (tool outputs included)."""
+        set, else by `tool_call_opener`'s tokens), and the decoded completions (tool outputs included) when the
+        pattern or a shaping extra reads them (empty otherwise: decoding every sample costs time on each step)."""
         rows, texts = [], []
+        decode = self.args.tool_call_pattern is not None or bool(self._shaping_hooks)
         for sample in samples:
             mask = torch.as_tensor(sample.completion_mask)
             start = int(mask.nonzero()[0]) if bool(mask.any()) else mask.numel()
             ids = torch.as_tensor(sample.input_ids)[start:].unsqueeze(0)
             action = mask[start:].unsqueeze(0)
-            texts.append(self.processing_class.decode(ids[0], skip_special_tokens=True))
+            if decode:
+                texts.append(self.processing_class.decode(ids[0], skip_special_tokens=True))
             if self.args.tool_call_pattern is not None:
                 stats = regex_tool_call_positions(
                     texts[-1:], ids, self.processing_class, self.args.tool_call_pattern, action
@@ -463,16 +466,9 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             advantages,
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
-            dual_clip=args.aspo_dual_clip,
-            dual_clip_pos=args.aspo_dual_clip_pos,
-            dual_clip_neg=args.aspo_dual_clip_neg,
             high_entropy_mask=high_entropy,
-            epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
-            epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,
-            flip_threshold=progressive_flip_threshold(
-                self.state.global_step, args.aspo_flip_threshold_start, args.aspo_flip_decay_steps
-            ),
             unflipped_mask=unflipped,
+            **aspo_loss_options(args, self.state.global_step),
         )
         if args.aspo_aggregation == "token":
             # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .event_values import AsyncEventValues
+from .losses import progressive_flip_threshold
 from .normalize import batch_normalize, token_measure_normalize
 from .prompt_ids import prompt_id_key, prompt_key, prompt_match_key
 from .shaping import CallablePenalty, InteractiveTurnBonus, ShapingHook, is_correct, shaping_stats, tool_position_bias
@@ -251,6 +252,19 @@ def make_shaping_hooks(args) -> list[ShapingHook]:
             ) from None
         hooks.append(CallablePenalty(penalty))
     return hooks
+
+
+def aspo_loss_options(args, step: int) -> dict:
+    """The `asymmetric_policy_loss` options the config sets at optimizer step `step` (the dual-clip constants, the
+    high-entropy offsets and the progressive flip threshold); the caller adds the clip range and the masks."""
+    return {
+        "dual_clip": args.aspo_dual_clip,
+        "dual_clip_pos": args.aspo_dual_clip_pos,
+        "dual_clip_neg": args.aspo_dual_clip_neg,
+        "epsilon_low_high_entropy": args.aspo_epsilon_high_entropy,
+        "epsilon_high_high_entropy": args.aspo_epsilon_high_entropy,
+        "flip_threshold": progressive_flip_threshold(step, args.aspo_flip_threshold_start, args.aspo_flip_decay_steps),
+    }
 
 
 # ---------------------------------------------------------------- 6. checkpointed state

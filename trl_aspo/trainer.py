@@ -35,7 +35,6 @@ from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
     entropy_split_mask,
-    progressive_flip_threshold,
     repetition_rate,
     unflipped_sample_mask,
 )
@@ -44,6 +43,7 @@ from .prompt_ids import prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
 from .shaping import shaping_stats
 from .single_stream import (
+    aspo_loss_options,
     check_resume_settings,
     dataset_prompt_keys,
     init_values_from_file,
@@ -708,23 +708,15 @@ class ASPOTrainer(GRPOTrainer):
         high_entropy = None
         if args.aspo_entropy_quantile is not None:
             high_entropy = entropy_split_mask(entropies, mask, args.aspo_entropy_quantile)
-        flip_threshold = progressive_flip_threshold(
-            self.state.global_step, args.aspo_flip_threshold_start, args.aspo_flip_decay_steps
-        )
         per_token_loss, stats = asymmetric_policy_loss(
             per_token_logps,
             old_per_token_logps,
             advantages,
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
-            dual_clip=args.aspo_dual_clip,
-            dual_clip_pos=args.aspo_dual_clip_pos,
-            dual_clip_neg=args.aspo_dual_clip_neg,
             high_entropy_mask=high_entropy,
-            epsilon_low_high_entropy=args.aspo_epsilon_high_entropy,
-            epsilon_high_high_entropy=args.aspo_epsilon_high_entropy,
-            flip_threshold=flip_threshold,
             unflipped_mask=inputs.get("aspo_unflipped"),
+            **aspo_loss_options(args, self.state.global_step),
         )
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(

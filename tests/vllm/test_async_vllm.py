@@ -1,0 +1,133 @@
+"""AsyncASPOTrainer with TRL's own rollout worker (its spawned process) against a real vLLM server on CPU: the three
+methods, prioritized sampling, the CPU weight sync, a checkpoint and a resume, through the API and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from async_common import MODEL, async_fields, calculator_tokenizer
+from dense_reward import digit_share_reward
+from safetensors.torch import load_file
+from vllm_common import (
+    LOGPROB_TOLERANCE,
+    fixed_prompt_ids,
+    moved,
+    policy_logprobs,
+    server_completion,
+    server_logprobs,
+)
+
+from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+from trl_aspo.builtin.task import calculator, make_dataset
+from trl_aspo.vllm_cpu import CPUWeightTransfer
+
+METHOD_FIELDS = dict(
+    num_generations=1,
+    per_device_train_batch_size=4,
+    advantage_estimator="spo++",
+    loss_type="aspo",
+    tool_shaping=True,
+    prioritized_sampling=True,
+    max_inflight_tasks=4,
+    dtype="float32",
+)
+
+
+def _trainer(tmp_path, server_url, reward=digit_share_reward, **overrides):
+    args = AsyncASPOConfig(
+        **async_fields(tmp_path, vllm_server_base_url=server_url, **{**METHOD_FIELDS, **overrides}),
+    )
+    return AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=make_dataset("train", 16, seed=0),
+        processing_class=calculator_tokenizer(),
+        tools=[calculator],
+    )
+
+
+def _logged(trainer, key):
+    return [row[key] for row in trainer.state.log_history if key in row]
+
+
+def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path):
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trl_aspo.prompt_stream import PrioritizedPromptLoop
+
+    trainer = _trainer(tmp_path, vllm_server.url, max_steps=3, save_strategy="steps", save_steps=2)
+    assert isinstance(trainer.weight_transfer, CPUWeightTransfer)  # chosen because the device is a CPU
+    assert trainer.weight_transfer.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert type(trainer.rollout_worker) is AsyncRolloutWorker  # TRL's own worker, spawned at train begin
+    assert issubclass(trainer.rollout_worker._loop_cls, PrioritizedPromptLoop)
+    trainer.train()
+    initial = {name: tensor.float() for name, tensor in load_file(f"{MODEL}/model.safetensors").items()}
+    assert moved(trainer.model, initial)
+
+    losses = _logged(trainer, "loss")
+    assert len(losses) == 3 and all(math.isfinite(loss) for loss in losses)
+    for key in ("aspo/flipped_frac", "value/mean", "shaping/eligible_frac"):
+        assert _logged(trainer, key), key
+    assert trainer.rollout_worker._process is None  # the child was stopped at train end
+
+    # The trainer's own sync path once more, then the server scores a fixed completion as the policy does.
+    trainer._sync_weight()
+    tokenizer = calculator_tokenizer()
+    prompt = fixed_prompt_ids(tokenizer)
+    completion = server_completion(vllm_server.url, prompt)
+    gap = policy_logprobs(trainer.model, prompt, completion) - server_logprobs(vllm_server.url, prompt, completion)
+    assert gap.abs().max().item() <= LOGPROB_TOLERANCE
+
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert (checkpoint / "aspo_state.json").exists()
+    resumed = _trainer(tmp_path, vllm_server.url, max_steps=4, save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+    steps = [row["step"] for row in resumed.state.log_history if "loss" in row]
+    assert steps == [1, 2, 3, 4]  # the checkpoint's history, then steps 3 and 4 trained after the resume
+
+
+def test_cli_trains_with_trl_worker(vllm_server, tmp_path):
+    """The asynchronous quickstart config with `--rollout_worker trl`: on a CPU the trainer picks the CPU weight sync
+    and the CPU fallbacks by itself."""
+    output_dir = tmp_path / "cli"
+    command = [
+        sys.executable,
+        "-m",
+        "trl_aspo.cli",
+        "train",
+        "--config",
+        "configs/quickstart_async.yaml",
+        "--rollout_worker",
+        "trl",
+        "--rollout_jitter_s",
+        "0",
+        "--vllm_server_base_url",
+        vllm_server.url,
+        "--dtype",
+        "float32",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--evaluate_before_after",
+        "false",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        str(output_dir),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    checkpoint = output_dir / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert [row["step"] for row in state["log_history"] if "loss" in row] == [2]  # the config logs every 2 steps
+    assert (checkpoint / "aspo_state.json").exists()
+    assert (output_dir / "model.safetensors").exists()

@@ -31,3 +31,8 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .
+
+# Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.
+.PHONY: gpu-wheels
+gpu-wheels: $(STAMP)
+	PYTHON=$(BIN)/python scripts/build_gpu_wheels.sh

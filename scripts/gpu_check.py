@@ -225,7 +225,7 @@ class StepRecorder(TrainerCallback):
             if self.sync_log is None:
                 self.times.append(time.perf_counter() - self.start)
             else:
-                self.syncs.append(len(self.sync_log) - self.sync_start)
+                self.syncs.append(sum(map(is_sync_warning, self.sync_log[self.sync_start :])))
 
 
 def recording(trainer_cls):
@@ -389,17 +389,27 @@ def count_syncs(trainers, package_root: Path) -> dict[str, dict]:
             finally:
                 torch.cuda.set_sync_debug_mode("default")
                 recorder.sync_log = None
-        syncs = [w for w in caught if SYNC_WARNING in str(w.message)]
-        sites = collections.Counter(
-            f"{Path(w.filename).relative_to(package_root.parent)}:{w.lineno}"
-            for w in syncs
-            if Path(w.filename).is_relative_to(package_root)
-        )
         result[name] = {
             "per_step": statistics.median(recorder.syncs) if recorder.syncs else None,
-            "package_sites": dict(sites.most_common()),
+            "package_sites": package_sync_sites(caught, package_root),
         }
     return result
+
+
+def is_sync_warning(record: warnings.WarningMessage) -> bool:
+    """Whether a recorded warning is `torch.cuda.set_sync_debug_mode("warn")`'s report of a host synchronization."""
+    return SYNC_WARNING in str(record.message)
+
+
+def package_sync_sites(records: list[warnings.WarningMessage], package_root: Path) -> dict[str, int]:
+    """`path:line` (relative to the package's parent) -> count, for the synchronizations raised from the package's
+    own code, most frequent first."""
+    sites = collections.Counter(
+        f"{Path(record.filename).relative_to(package_root.parent)}:{record.lineno}"
+        for record in records
+        if is_sync_warning(record) and Path(record.filename).is_relative_to(package_root)
+    )
+    return dict(sites.most_common())
 
 
 def main(argv: list[str] | None = None) -> dict:

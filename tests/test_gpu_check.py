@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,29 @@ def test_gpu_check_small_mode_writes_the_result(tmp_path):
     assert {f"{trainer} step {what}" for trainer in ("grpo", "aspo") for what in ("loss", "advantages")} <= names
     assert result["all_checks_ok"], [check for check in result["checks"] if not check["ok"]]
     assert set(result["versions"]) >= {"torch", "transformers", "trl", "datasets"}
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_package_sync_sites_counts_only_the_package_synchronizations(tmp_path):
+    gpu_check = _load_script()
+    package = tmp_path / "trl_aspo"
+
+    def record(message, filename, lineno):
+        return warnings.WarningMessage(message, UserWarning, str(filename), lineno)
+
+    records = [
+        record("called a synchronizing CUDA operation", package / "trainer.py", 10),
+        record("called a synchronizing CUDA operation", package / "trainer.py", 10),
+        record("called a synchronizing CUDA operation", package / "losses.py", 7),
+        record("called a synchronizing CUDA operation", tmp_path / "trl" / "grpo_trainer.py", 99),
+        record("some deprecation", package / "trainer.py", 12),
+    ]
+    assert gpu_check.package_sync_sites(records, package) == {"trl_aspo/trainer.py:10": 2, "trl_aspo/losses.py:7": 1}
+    assert [gpu_check.is_sync_warning(r) for r in records] == [True, True, True, True, False]

@@ -67,6 +67,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -456,7 +457,12 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
 
-    checks = device_dtype_checks(device, dtype, shape, args.batch)
+    # A check that raises is a finding, not a reason to lose the timings of a device run: record it and go on.
+    try:
+        checks = device_dtype_checks(device, dtype, shape, args.batch)
+    except Exception as error:
+        traceback.print_exc()
+        checks = [{"name": "device_dtype_checks", "ok": False, "error": f"{type(error).__name__}: {error}"}]
     with tempfile.TemporaryDirectory() as scratch:
         trainers = {}
         for name in ROWS:
@@ -488,7 +494,13 @@ def main(argv: list[str] | None = None) -> dict:
             if elapsed / (repeats_done + 1) * (repeats_done + 2) > args.time_budget:
                 print(f"time budget: stopping after {repeats_done} repeats ({elapsed:.0f} s)", flush=True)
                 break
-        syncs = count_syncs(trainers, Path(trl_aspo.__file__).parent) if device.type == "cuda" else None
+        syncs = sync_error = None
+        if device.type == "cuda":
+            try:
+                syncs = count_syncs(trainers, Path(trl_aspo.__file__).parent)
+            except Exception as error:
+                traceback.print_exc()
+                sync_error = f"{type(error).__name__}: {error}"
         checks += trainer_checks(trainers, device)
 
     medians = {name: statistics.median(recorder.times) for name, (_, recorder) in trainers.items()}
@@ -513,6 +525,7 @@ def main(argv: list[str] | None = None) -> dict:
             }
             for name, (trainer, recorder) in trainers.items()
         },
+        "sync_count_error": sync_error,
         "ratio_aspo_over_grpo": ratio,
         "goal_ratio": GOAL_RATIO,
         "meets_goal": ratio <= GOAL_RATIO,
@@ -560,7 +573,10 @@ def print_table(result: dict) -> None:
     failed = [check for check in result["checks"] if not check["ok"]]
     print(f"device/dtype checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} ok")
     for check in failed:
-        print(f"  FAIL {check['name']}: {check['dtype']} on {check['device']}, expected {check['expected_dtype']}")
+        if "error" in check:
+            print(f"  FAIL {check['name']}: {check['error']}")
+        else:
+            print(f"  FAIL {check['name']}: {check['dtype']} on {check['device']}, expected {check['expected_dtype']}")
 
 
 if __name__ == "__main__":

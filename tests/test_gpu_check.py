@@ -78,3 +78,19 @@ def test_package_sync_sites_counts_only_the_package_synchronizations(tmp_path):
     ]
     assert gpu_check.package_sync_sites(records, package) == {"trl_aspo/trainer.py:10": 2, "trl_aspo/losses.py:7": 1}
     assert [gpu_check.is_sync_warning(r) for r in records] == [True, True, True, True, False]
+
+
+@pytest.mark.slow
+def test_a_check_that_raises_is_recorded_and_the_timings_still_written(tmp_path, monkeypatch):
+    gpu_check = _load_script()
+
+    def broken(*args):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(gpu_check, "device_dtype_checks", broken)
+    out = tmp_path / "gpu_check.json"
+    result = gpu_check.main(["--small", "--out", str(out), "--repeats", "1", "--steps", "2", "--batch", "2"])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    assert not result["all_checks_ok"]
+    assert result["checks"][0] == {"name": "device_dtype_checks", "ok": False, "error": "RuntimeError: no such kernel"}
+    assert len(result["trainers"]["aspo"]["step_s"]) == 1

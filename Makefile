@@ -53,3 +53,8 @@ install-vllm: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/vllm
+
+# Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.
+.PHONY: gpu-wheels
+gpu-wheels: $(STAMP)
+	PYTHON=$(BIN)/python scripts/build_gpu_wheels.sh

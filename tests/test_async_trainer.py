@@ -677,9 +677,11 @@ def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, token
 def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_version(tmp_path, tokenizer):
     """Kill after checkpoint 2 of a 4-step run and resume from it: the data loader scores one step ahead of
     training, yet the resumed run ends with the uninterrupted run's tracker observations (count and visits per
-    prompt) and model version. (No sample is stale enough to drop, so both runs train groups 0, 1, 2, ... in order.)"""
+    prompt) and model version. (No sample is stale enough to drop, so both runs train groups 0, 1, 2, ... in order.)
+    Also: every row the local worker emits carries its prompt's first dispatch version, the prior's anchor."""
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.checkpoint_state import load_checkpoint_state
+    from trl_aspo.prompt_ids import prompt_key
 
     def run(output, resume_from_checkpoint=None):
         fields = base_fields(
@@ -687,15 +689,17 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
         )
         args = AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0])
         trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
+        scored, score_step = [], trainer._score_step
+        trainer._score_step = lambda step: scored.extend(step) or score_step(step)
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
-        return trainer
+        return trainer, scored
 
-    uninterrupted = run("uninterrupted")
+    uninterrupted, uninterrupted_samples = run("uninterrupted")
     checkpoint = tmp_path / "uninterrupted" / "out" / "checkpoint-2"
     saved = load_checkpoint_state(str(checkpoint))["tracker"]
     # Checkpoint 2 holds the outcomes of its 2 trained steps of 4 samples, not those of the step fetched ahead.
     assert sum(saved["visits"].values()) == 8
-    resumed = run("resumed", str(checkpoint))
+    resumed, resumed_samples = run("resumed", str(checkpoint))
 
     expected = uninterrupted._scorer.tracker.state_dict()["visits"]
     # 4 trained steps and the one fetched ahead of the end: 5 x 4 outcomes, each prompt once.
@@ -703,3 +707,17 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
     assert resumed._scorer.tracker.state_dict()["visits"] == expected
     assert uninterrupted.model_version == 5  # the cold sync, then one sync per step
     assert resumed.model_version == uninterrupted.model_version
+
+    # SPO++ priors are anchored at each prompt's first dispatch, which the worker recorded (and stamped on its rows)
+    # when it handed the group out; the checkpoint carries every dispatch so far, and the resumed run keeps them.
+    saved_dispatches = load_checkpoint_state(str(checkpoint))["prompt_dispatches"]
+    assert set(saved["prior"]) <= set(saved_dispatches)
+    for trainer, scored in ((uninterrupted, uninterrupted_samples), (resumed, resumed_samples)):
+        dispatches = trainer._prompt_dispatches.state_dict()
+        priors = trainer._scorer.tracker.state_dict()["prior"]
+        assert all(type(sample).__name__ == "TrackedRolloutSample" for sample in scored)
+        for sample in scored:
+            key = prompt_key(sample.prompt)
+            assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
+    resumed_dispatches = resumed._prompt_dispatches.state_dict()
+    assert {key: resumed_dispatches[key] for key in saved_dispatches} == saved_dispatches

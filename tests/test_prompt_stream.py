@@ -487,3 +487,46 @@ def test_attach_rollout_tracking_swaps_the_loop_and_keeps_a_prioritized_one(tmp_
     assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
     with pytest.raises(TypeError, match="only TRL's AsyncRolloutWorker .* got a object"):
         attach_rollout_tracking(object(), dispatches)
+
+
+@pytest.mark.slow
+def test_trl_worker_process_stamps_first_dispatches_into_the_shared_table(tmp_path, tokenizer):
+    """TRL's own spawned worker (urllib transport, stand-in vLLM server), spo++ without prioritized sampling: the
+    child records each prompt's first dispatch in the table the trainer holds (shared memory, not a copy) and stamps
+    it and TRL's rollout id on every row it sends back; the tracker anchors each prior there."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 16, seed=0)
+    server = StandInVLLMServer(MODEL).start()
+    try:
+        fields = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
+        args = AsyncASPOConfig(
+            **async_fields(tmp_path, **fields), advantage_estimator="spo++", vllm_server_base_url=server.url
+        )
+        trainer = AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            weight_transfer=HTTPWeightTransfer(server.url),
+        )
+        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
+        assert trainer.rollout_worker._loop_cls is TrackedUrllibRolloutLoop
+        samples = recording_scores(trainer)
+        trainer.train()
+    finally:
+        server.stop()
+    dispatches = trainer._prompt_dispatches.state_dict()
+    priors = trainer._scorer.tracker.state_dict()["prior"]
+    assert len(samples) >= 8 and all(isinstance(sample, TrackedRolloutSample) for sample in samples)
+    for sample in samples:
+        key = prompt_key(sample.prompt)
+        assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
+    # One rollout id per conversation: a group of 2 has 2 (no forks in these short single-call conversations).
+    for group in {sample.group_id for sample in samples}:
+        rollouts = {sample.rollout_id for sample in samples if sample.group_id == group}
+        assert len(rollouts) == 2 and None not in rollouts

@@ -218,3 +218,76 @@ def test_infinite_rewards_leave_their_samples_unscored(tmp_path, estimator, norm
     assert result.advantages[0] == 0.0
     if scorer.tracker is not None:
         assert scorer.tracker.visits(["x"]).tolist() == [1]  # the infinite one was not observed
+
+
+def test_spo_plus_plus_prior_is_anchored_at_the_first_dispatch_whatever_the_arrival_order(tmp_path):
+    """x was first dispatched at version 3. Its outcome of version 6 (R = 1) is observed; a stale x@3 then arrives
+    in x@8's step or a step later. Anchored at the first dispatch (as the worker stamps it), v(x@8) is the same in
+    both orders; anchored at the earliest scored version it was 0.7994 in one and 0.75 in the other."""
+    # z0 = 3, rho = 0.875, relative to the newest event 6: alpha = 0.875^3 * 0.5 + 1 = 1.3349609375,
+    # beta = 0.875^3 * 0.5 = 0.3349609375 (x@3 is not visible to x@8 in the same step, nor in the later one's order)
+    anchored = 1.3349609375 / 1.669921875
+    assert anchored == pytest.approx(0.7994152, abs=1e-7)
+
+    def value_at_8(same_step: bool, entry: int | None):
+        scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+
+        def step(versions, rewards):
+            entries = None if entry is None else [entry] * len(versions)
+            return scorer.baseline(
+                ["x"] * len(versions),
+                torch.tensor(rewards, dtype=torch.float64),
+                versions,
+                torch.zeros(len(versions)),
+                torch.zeros(len(versions)),
+                entry_versions=entries,
+            )[0]
+
+        step([6], [1.0])
+        if same_step:
+            advantages = step([8, 3], [0.0, 1.0])
+        else:
+            advantages = step([8], [0.0])
+            step([3], [1.0])
+        return -advantages[0].item()  # R = 0, so A = -v
+
+    for same_step in (True, False):
+        assert value_at_8(same_step, entry=3) == pytest.approx(anchored, abs=1e-12)
+    # Without the dispatch version (a worker that does not stamp it) the anchor follows the arrivals.
+    assert value_at_8(True, entry=None) == pytest.approx(anchored, abs=1e-12)
+    assert value_at_8(False, entry=None) == pytest.approx(0.75, abs=1e-12)
+
+
+def test_identical_completions_of_a_group_are_separate_outcomes_and_forked_rows_one(tmp_path):
+    """Four rollouts of one group that all wrote "42" (R = 1) are four outcomes: the next value is
+    (0.5 + 4) / (1 + 4) = 0.9 under spo++ (0.75 were they one). The conversation id is the rollout's (TRL's
+    rollout_id), which a conversation's forked rows share: the two rows of one conversation below count once."""
+    from types import SimpleNamespace
+
+    from trl_aspo.async_trainer import _conversation_id
+
+    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=4))
+    # Rollouts r0..r3 of group 0 at version 0; r1 forked into two rows.
+    rows = [
+        SimpleNamespace(group_id=0, model_version=0, rollout_id=rollout, completion="42")
+        for rollout in ("r0", "r1", "r1", "r2", "r3")
+    ]
+    first, _ = scorer.baseline(
+        ["x"] * 5,
+        torch.ones(5, dtype=torch.float64),
+        [0] * 5,
+        torch.zeros(5),
+        torch.zeros(5),
+        [_conversation_id(row) for row in rows],
+        entry_versions=[0] * 5,
+    )
+    torch.testing.assert_close(first, torch.full((5,), 0.5, dtype=torch.float64))  # every row: 1 - prior 0.5
+    assert scorer.tracker.visits(["x"]).tolist() == [4]
+    nxt, _ = scorer.baseline(
+        ["x"], torch.zeros(1, dtype=torch.float64), [1], torch.zeros(1), torch.zeros(1), entry_versions=[0]
+    )
+    # At version 1, relative to the newest event 0: alpha = 0.5 + 4, beta = 0.5.
+    assert -nxt.item() == pytest.approx(0.9, abs=1e-12)
+    # A row without a rollout id (a worker that does not stamp it) is its own rollout.
+    unstamped = SimpleNamespace(group_id=0, model_version=0, completion="42")
+    assert _conversation_id(unstamped) != _conversation_id(unstamped)

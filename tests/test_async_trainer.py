@@ -261,12 +261,20 @@ def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
         return AsyncASPOConfig(**fields, advantage_estimator="spo++")
 
     first = scripted_trainer(AsyncASPOTrainer, config(2), tokenizer, samples)
+    before_scoring = []
+    first_score_step = first._score_step
+    first._score_step = lambda step: (
+        before_scoring.append(first._scorer.tracker.state_dict()) or first_score_step(step)
+    )
     first.train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
     saved = load_checkpoint_state(str(checkpoint))["tracker"]
-    assert saved == first._scorer.tracker.state_dict() and first._scorer.tracker.num_tracked == 5
+    # The data loader scored a third step ahead of training; the checkpoint holds the tracker of the two trained.
+    assert len(before_scoring) == 3 and sum(first._scorer.tracker.state_dict()["visits"].values()) == 12
+    assert saved == before_scoring[2] and sum(saved["visits"].values()) == 8 and len(saved["prior"]) == 5
 
-    resumed = scripted_trainer(AsyncASPOTrainer, config(3), tokenizer, samples[12:])
+    # The resumed stream starts at the untrained third step (as the worker regenerates it from its first prompt).
+    resumed = scripted_trainer(AsyncASPOTrainer, config(3), tokenizer, samples[8:])
     at_first_score = []
     score_step = resumed._score_step
 
@@ -664,3 +672,52 @@ def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, token
     expected = AsyncEventValues(rho=args.value_rho)
     expected.init_from_counts(keys, [successes[k] for k in keys], [2] * 32, prior_strength=args.value_prior_strength)
     assert at_first_score[0] == expected.state_dict()
+
+
+def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_version(tmp_path, tokenizer):
+    """Kill after checkpoint 2 of a 4-step run and resume from it: the data loader scores one step ahead of
+    training, yet the resumed run ends with the uninterrupted run's tracker observations (count and visits per
+    prompt) and model version. (No sample is stale enough to drop, so both runs train groups 0, 1, 2, ... in order.)
+    Also: every row the local worker emits carries its prompt's first dispatch version, the prior's anchor."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.checkpoint_state import load_checkpoint_state
+    from trl_aspo.prompt_ids import prompt_key
+
+    def run(output, resume_from_checkpoint=None):
+        fields = base_fields(
+            tmp_path / output, max_steps=4, num_generations=1, save_strategy="steps", save_steps=2, max_staleness=100
+        )
+        args = AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0])
+        trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
+        scored, score_step = [], trainer._score_step
+        trainer._score_step = lambda step: scored.extend(step) or score_step(step)
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
+        return trainer, scored
+
+    uninterrupted, uninterrupted_samples = run("uninterrupted")
+    checkpoint = tmp_path / "uninterrupted" / "out" / "checkpoint-2"
+    saved = load_checkpoint_state(str(checkpoint))["tracker"]
+    # Checkpoint 2 holds the outcomes of its 2 trained steps of 4 samples, not those of the step fetched ahead.
+    assert sum(saved["visits"].values()) == 8
+    resumed, resumed_samples = run("resumed", str(checkpoint))
+
+    expected = uninterrupted._scorer.tracker.state_dict()["visits"]
+    # 4 trained steps and the one fetched ahead of the end: 5 x 4 outcomes, each prompt once.
+    assert sum(expected.values()) == 20 and set(expected.values()) == {1}
+    assert resumed._scorer.tracker.state_dict()["visits"] == expected
+    assert uninterrupted.model_version == 5  # the cold sync, then one sync per step
+    assert resumed.model_version == uninterrupted.model_version
+
+    # SPO++ priors are anchored at each prompt's first dispatch, which the worker recorded (and stamped on its rows)
+    # when it handed the group out; the checkpoint carries every dispatch so far, and the resumed run keeps them.
+    saved_dispatches = load_checkpoint_state(str(checkpoint))["prompt_dispatches"]
+    assert set(saved["prior"]) <= set(saved_dispatches)
+    for trainer, scored in ((uninterrupted, uninterrupted_samples), (resumed, resumed_samples)):
+        dispatches = trainer._prompt_dispatches.state_dict()
+        priors = trainer._scorer.tracker.state_dict()["prior"]
+        assert all(type(sample).__name__ == "TrackedRolloutSample" for sample in scored)
+        for sample in scored:
+            key = prompt_key(sample.prompt)
+            assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
+    resumed_dispatches = resumed._prompt_dispatches.state_dict()
+    assert {key: resumed_dispatches[key] for key in saved_dispatches} == saved_dispatches

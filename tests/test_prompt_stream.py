@@ -4,6 +4,7 @@ own worker process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import multiprocessing
@@ -21,8 +22,13 @@ from trl_aspo.prompt_stream import (
     PrioritizedLocalRolloutLoop,
     PrioritizedPromptLoop,
     PrioritizedUrllibRolloutLoop,
+    PromptDispatches,
     PromptPriorities,
+    TrackedLocalRolloutLoop,
+    TrackedRolloutSample,
+    TrackedUrllibRolloutLoop,
     attach_prompt_priorities,
+    attach_rollout_tracking,
 )
 
 
@@ -367,3 +373,160 @@ def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenize
     assert (weights != 0.55).sum() >= 2  # the restored tracker's observed prompts
     first = next(sample for sample in samples if sample.group_id == 0)
     assert first.prompt == dataset[at_start["priorities"].draw(first_untrained)]["prompt"]
+
+
+# What the worker records for the tracker: first dispatches and conversation ids
+
+
+def test_prompt_dispatches_keep_each_keys_first_version_and_round_trip():
+    dispatches = PromptDispatches(["a", "b", "a"])  # rows 0 and 2 share a key, so one entry
+    assert dispatches.record(2, 4) == 4
+    assert dispatches.record(0, 6) == 4  # the key's first dispatch was row 2's
+    assert dispatches.record(1, 7) == 7
+    assert dispatches.state_dict() == {"a": 4, "b": 7}
+    restored = PromptDispatches(["a", "b", "a"])
+    restored.load_state_dict({"a": 4, "b": 7, "not-in-this-dataset": 1})
+    assert restored.state_dict() == {"a": 4, "b": 7}
+    with pytest.raises(ValueError, match="key 'a' has version -1; a dispatch version is an integer >= 0"):
+        restored.load_state_dict({"a": -1})
+    copy = pickle.loads(pickle.dumps(dispatches))  # TRL's up-front check copies; the spawn shares (see below)
+    assert copy.state_dict() == dispatches.state_dict()
+
+
+def _always_one(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def local_tracked_loop(tmp_path, tokenizer, dataset, **fields):
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    args = AsyncGRPOConfig(**async_fields(tmp_path, **fields))
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, _always_one, args)
+    dispatches = PromptDispatches([prompt_key(prompt) for prompt in dataset["prompt"]])
+    attach_rollout_tracking(worker, dispatches)
+    assert worker._loop_cls is TrackedLocalRolloutLoop
+    return worker, dispatches
+
+
+def test_the_local_loop_records_each_prompts_first_dispatch_version(tmp_path, tokenizer):
+    """Each group's prompt dispatch is recorded at the model version current when the loop hands it out; a prompt
+    dispatched again later keeps its first version (rows 0..2 cycled, TRL's order from `dataset_start_index`)."""
+    dataset = make_dataset("train", 3, seed=0)
+    worker, dispatches = local_tracked_loop(tmp_path, tokenizer, dataset, num_generations=2)
+    worker._loop_kwargs["dataset_start_index"] = 1
+    loop = worker._loop_cls(**worker._loop_kwargs)
+    stream = loop._repeat_iterator()
+    taken = []
+    for version in (2, 2, 5, 5, 7, 7, 9, 9):  # two items per group: groups 0..3 at versions 2, 5, 7, 9
+        worker.update_model_version(version)
+        taken.append(next(stream))
+    loop._sampler.shutdown()
+    rows = [1, 2, 0, 1]
+    assert taken == [(group, dataset[row]) for group, row in enumerate(rows) for _ in range(2)]
+    keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+    assert dispatches.state_dict() == {keys[1]: 2, keys[2]: 5, keys[0]: 7}
+    assert loop._group_dispatch == {0: 2, 1: 5, 2: 7, 3: 2}  # group 3 is row 1 again: its first dispatch, 2
+
+
+def test_the_loop_stamps_rows_with_their_conversation_and_prompt_dispatch(tmp_path, tokenizer):
+    """TRL's `_score_group` on a group of four conversations that all wrote "42", the second forked into two rows:
+    every row is a `TrackedRolloutSample` carrying its conversation's `rollout_id` (shared by the forked rows only)
+    and the group prompt's first dispatch version; the rows survive a pickle (the spawned worker's queue)."""
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutGroup, TrainingSequence
+
+    dataset = make_dataset("train", 2, seed=0)
+    worker, dispatches = local_tracked_loop(tmp_path, tokenizer, dataset, num_generations=4)
+    loop = worker._loop_cls(**worker._loop_kwargs)
+    worker.update_model_version(3)
+    stream = loop._repeat_iterator()
+    group_id, row = next(stream)
+    loop._sampler.shutdown()
+    answer = [{"role": "assistant", "content": "42"}]
+
+    def sequence(rollout, offset):
+        return TrainingSequence([1, 2, 3 + offset], [0, 1, 1], [0.0, -0.5, -0.5], rollout)
+
+    conversations = [[sequence("r0", 0)], [sequence("r1", 0), sequence("r1", 1)], [sequence("r2", 0)]]
+    conversations.append([sequence("r3", 0)])
+    group = RolloutGroup(
+        prompts=[row["prompt"]] * 4,
+        reward_kwargs={},
+        completions=[answer] * 4,
+        completions_ids=[[7]] * 4,
+        completions_sequences=conversations,
+        tool_call_counts=[0] * 4,
+        tool_failure_counts=[0] * 4,
+        model_version=3,
+        group_id=group_id,
+        env_rewards=[None] * 4,
+        rollout_rewards=[None] * 4,
+    )
+    samples = asyncio.run(loop._score_group(group))
+    assert [type(sample) for sample in samples] == [TrackedRolloutSample] * 5
+    assert [sample.rollout_id for sample in samples] == ["r0", "r1", "r1", "r2", "r3"]
+    assert [sample.input_ids.tolist()[-1] for sample in samples] == [3, 3, 4, 3, 3]
+    assert {sample.prompt_dispatch_version for sample in samples} == {3}
+    assert all(sample.completion == answer and sample.metrics["reward"] == 1.0 for sample in samples)
+    copied = pickle.loads(pickle.dumps(samples[1]))
+    assert (copied.rollout_id, copied.prompt_dispatch_version, copied.input_ids.tolist()) == ("r1", 3, [1, 2, 3])
+    assert dispatches.state_dict() == {prompt_key(row["prompt"]): 3}
+
+
+def test_attach_rollout_tracking_swaps_the_loop_and_keeps_a_prioritized_one(tmp_path, tokenizer):
+    from trl_aspo.async_infra import UrllibRolloutWorker
+
+    dataset = make_dataset("train", 4, seed=0)
+    dispatches = PromptDispatches([prompt_key(prompt) for prompt in dataset["prompt"]])
+    trl_worker = UrllibRolloutWorker(dataset=dataset, num_generations=2)
+    attach_rollout_tracking(trl_worker, dispatches)
+    assert trl_worker._loop_cls is TrackedUrllibRolloutLoop
+    assert trl_worker._loop_kwargs["prompt_dispatches"] is dispatches
+    attach_prompt_priorities(trl_worker, PromptPriorities(torch.full((4,), 0.5)))  # tracked -> prioritized
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    attach_rollout_tracking(trl_worker, dispatches)  # a prioritized loop is a tracked one
+    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
+    with pytest.raises(TypeError, match="only TRL's AsyncRolloutWorker .* got a object"):
+        attach_rollout_tracking(object(), dispatches)
+
+
+@pytest.mark.slow
+def test_trl_worker_process_stamps_first_dispatches_into_the_shared_table(tmp_path, tokenizer):
+    """TRL's own spawned worker (urllib transport, stand-in vLLM server), spo++ without prioritized sampling: the
+    child records each prompt's first dispatch in the table the trainer holds (shared memory, not a copy) and stamps
+    it and TRL's rollout id on every row it sends back; the tracker anchors each prior there."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
+
+    install_cpu_fallbacks()
+    dataset = make_dataset("train", 16, seed=0)
+    server = StandInVLLMServer(MODEL).start()
+    try:
+        fields = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
+        args = AsyncASPOConfig(
+            **async_fields(tmp_path, **fields), advantage_estimator="spo++", vllm_server_base_url=server.url
+        )
+        trainer = AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            tools=[calculator],
+            weight_transfer=HTTPWeightTransfer(server.url),
+        )
+        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
+        assert trainer.rollout_worker._loop_cls is TrackedUrllibRolloutLoop
+        samples = recording_scores(trainer)
+        trainer.train()
+    finally:
+        server.stop()
+    dispatches = trainer._prompt_dispatches.state_dict()
+    priors = trainer._scorer.tracker.state_dict()["prior"]
+    assert len(samples) >= 8 and all(isinstance(sample, TrackedRolloutSample) for sample in samples)
+    for sample in samples:
+        key = prompt_key(sample.prompt)
+        assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
+    # One rollout id per conversation: a group of 2 has 2 (no forks in these short single-call conversations).
+    for group in {sample.group_id for sample in samples}:
+        rollouts = {sample.rollout_id for sample in samples if sample.group_id == group}
+        assert len(rollouts) == 2 and None not in rollouts

@@ -22,6 +22,7 @@ With every new field at its default the trainer is `AsyncGRPOTrainer`: no scorin
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import math
@@ -29,10 +30,11 @@ import math
 import torch
 from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .async_config import AsyncASPOConfig
 from .async_infra.fallbacks import install_cpu_fallbacks
-from .async_infra.local_worker import LocalWorkerResumeMixin
+from .async_infra.local_worker import LocalRolloutWorker, LocalWorkerResumeMixin
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .evaluation import evaluate_tool_use
 from .event_values import AsyncEventValues
@@ -45,7 +47,7 @@ from .losses import (
 )
 from .packed import SegmentRows
 from .prompt_ids import prompt_key
-from .prompt_stream import PromptPriorities, attach_prompt_priorities
+from .prompt_stream import PromptDispatches, PromptPriorities, attach_prompt_priorities, attach_rollout_tracking
 from .report import generation_attention
 from .rewards import summed_rewards
 from .single_stream import (
@@ -73,11 +75,12 @@ logger = logging.getLogger(__name__)
 ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
 
 
-def _conversation_id(sample) -> tuple[int, int, str]:
-    """The rollout a row comes from. TRL's worker stamps every row of a forked conversation with the same group,
-    version and completion messages; two rollouts of a group that wrote exactly the same messages (and so got the
-    same reward) share the id too, and count as one outcome for the tracker."""
-    return sample.group_id, sample.model_version, prompt_key(sample.completion)
+def _conversation_id(sample) -> tuple[int, str] | object:
+    """The rollout a row comes from: its group and TRL's `rollout_id`, which the rows one conversation forks into
+    share and independent rollouts never do (even when they wrote the same text), as the tracked loop stamps it
+    (trl_aspo.prompt_stream). A row without one (a worker that does not stamp it) is its own rollout."""
+    rollout_id = getattr(sample, "rollout_id", None)
+    return object() if rollout_id is None else (sample.group_id, rollout_id)
 
 
 class _RecordingQueue:
@@ -173,6 +176,11 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         if self.args.prompt_id_column is not None:
             self._ids_by_prompt = prompt_ids_by_content(self.train_dataset, self.args)
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
+        self._prompt_dispatches = self._start_rollout_tracking() if self._scorer.tracker is not None else None
+        self._warned_untracked_samples = False
+        # Tracker states before each scored step that is not trained yet, oldest first (see `_trained_tracker_state`).
+        self._untrained_tracker_states: collections.deque[dict] = collections.deque()
+        self._micro_batches_of_step = 0
 
     # ---------------------------------------------------------------- value pre-pass
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
@@ -240,6 +248,21 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         )
         if self._prompt_priorities is not None:
             self._refresh_priorities(self._dataset_keys)
+
+    # ---------------------------------------------------------------- what the worker records for the tracker
+    def _start_rollout_tracking(self) -> PromptDispatches | None:
+        """Make TRL's or the local rollout worker stamp each row with its conversation and (spo++, map-style
+        dataset) its prompt's first dispatch version, recorded in a shared table this returns (None otherwise). Any
+        other worker's rows are scored without them (`_score_step` says so once)."""
+        if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
+            return None
+        dispatches = None
+        if self.args.advantage_estimator == "spo++" and isinstance(self.train_dataset, Dataset):
+            if not hasattr(self, "_dataset_keys"):
+                self._dataset_keys = dataset_prompt_keys(self.train_dataset, self.args)
+            dispatches = PromptDispatches(self._dataset_keys)
+        attach_rollout_tracking(self.rollout_worker, dispatches)
+        return dispatches
 
     # ---------------------------------------------------------------- prioritized prompt stream
     def _start_prompt_priorities(self) -> PromptPriorities:
@@ -310,6 +333,8 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
         masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
         keys = [self._sample_key(sample) for sample in samples]
+        if self._scorer.tracker is not None:
+            self._untrained_tracker_states.append(self._scorer.tracker.state_dict())
         tool_positions = extras = None
         if self.args.tool_shaping:
             statistics, texts = self._tool_statistics(samples)
@@ -326,6 +351,7 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             conversations=[_conversation_id(sample) for sample in samples],
             correctness_scores=self._correctness_scores(samples),
             shaping_extras=extras,
+            entry_versions=self._entry_versions(samples),
         )
         if hasattr(self._scorer.tracker, "advance"):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
@@ -334,6 +360,33 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         if self._prompt_priorities is not None:
             self._refresh_priorities(keys)
         return scored.advantages
+
+    def _entry_versions(self, samples) -> list[int] | None:
+        """spo++: the version each sample's prior is anchored at, its prompt's first dispatch as the worker stamped
+        it (None for the other estimators). What a worker did not stamp is said once: without conversation ids every
+        row counts as its own outcome; without dispatch versions (another rollout worker, a dataset that is not
+        map-style) spo++ anchors at the earliest version scored, which depends on arrival order."""
+        spo_plus_plus = self.args.advantage_estimator == "spo++"
+        stamped = [getattr(sample, "prompt_dispatch_version", None) for sample in samples]
+        missing = []
+        if any(getattr(sample, "rollout_id", None) is None for sample in samples):
+            missing.append("which conversation each row comes from (so every row counts as its own outcome)")
+        if spo_plus_plus and None in stamped:
+            missing.append(
+                "when its prompt was first dispatched (so spo++ anchors a prompt's prior at its earliest scored "
+                "version, which depends on the order in which samples arrive)"
+            )
+        if missing and not self._warned_untracked_samples:
+            logger.warning(
+                f"The rollout worker's samples do not say {' nor '.join(missing)}; trl_aspo.prompt_stream stamps both "
+                "for TRL's and the local rollout worker on a map-style dataset."
+            )
+            self._warned_untracked_samples = True
+        if not spo_plus_plus:
+            return None
+        return [
+            sample.model_version if first is None else first for first, sample in zip(stamped, samples, strict=True)
+        ]
 
     def _filtered_out(self, sample) -> bool:
         """Whether `filter_zero_variance_groups` drops the sample: its group's rewards are all equal. The group counts
@@ -413,6 +466,27 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         return extras
 
     # ---------------------------------------------------------------- checkpoints
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """TRL's step; after an optimizer step's last micro-batch, the tracker state before that step's scoring is
+        no longer an untrained step's (`_trained_tracker_state`)."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._micro_batches_of_step += 1
+        if self._micro_batches_of_step == self.args.gradient_accumulation_steps:
+            self._micro_batches_of_step = 0
+            if self._untrained_tracker_states:
+                self._untrained_tracker_states.popleft()
+        return loss
+
+    def _trained_tracker_state(self) -> dict:
+        """The tracker state of the trained steps: the data loader fetches (and `_score_step` scores) one step ahead
+        of training, so when a checkpoint is written the next step's outcomes are already observed. The checkpoint
+        gets the state from before that step's scoring, the tracker of its weights: the resumed worker starts at
+        the first untrained prompt and regenerates that step, whose outcomes are then observed once. (One state
+        dict is kept per scored step not yet trained: O(tracked prompts) per step.)"""
+        if self._untrained_tracker_states:
+            return self._untrained_tracker_states[0]
+        return self._scorer.tracker.state_dict()
+
     def _save_rng_state(self, output_dir: str) -> None:
         # The smallest hook of `Trainer._save_checkpoint` run inside the new checkpoint before trainer_state.json
         # marks it complete (as ASPOTrainer). The tracker lives on the main process, which scores every rank's samples.
@@ -421,9 +495,12 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             state = {
                 "value_event": int(self.model_version),
                 "aspo_kl_coef": 0.0,
-                "tracker": self._scorer.tracker.state_dict(),
+                "tracker": self._trained_tracker_state(),
                 "config": self._resume_config(),
             }
+            if self._prompt_dispatches is not None:
+                # Every dispatch so far, also of groups still in flight: the uninterrupted run keeps those too.
+                state["prompt_dispatches"] = self._prompt_dispatches.state_dict()
             save_checkpoint_state(output_dir, state)
 
     def _resume_config(self) -> dict:
@@ -444,6 +521,12 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         )
         if not fresh:
             restore_tracker(self._scorer.tracker, state, path, self.args)
+            if self._prompt_dispatches is not None and "prompt_dispatches" in state:
+                try:
+                    self._prompt_dispatches.load_state_dict(state["prompt_dispatches"])
+                except ValueError as error:
+                    raise ValueError(f"checkpoint state {path}: {error}") from None
+        self._untrained_tracker_states.clear()
         self._after_tracker_restored()
 
     # ---------------------------------------------------------------- asymmetric loss

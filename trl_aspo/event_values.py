@@ -10,9 +10,11 @@ over the outcomes of ``x`` observed so far whose generating version is strictly 
 sees its own outcome nor any outcome generated at its version or later (its weight would exceed 1). The prior
 ``(alpha_0, beta_0)`` is anchored at the prompt's entry event ``z0``: the earliest version at which the prompt was
 entered (:meth:`AsyncEventValues.enter`, called for every sample before it is scored), or the ``event`` of an
-initialization from counts. The value is a function of the *set* of visible outcomes and entered versions, never of
-the order in which they arrived. In the synchronous limit (version ``q`` scored after every outcome of versions
-``< q`` was observed) it equals :class:`trl_aspo.tracker.EventValueTracker` at dispatch event ``q``.
+initialization from counts. The asynchronous trainer enters each sample with its prompt's first dispatch version,
+which the rollout worker records when it hands the prompt out (trl_aspo.prompt_stream), so ``z0`` is fixed before
+any sample of the prompt arrives. The value is a function of the *set* of visible outcomes and entered versions,
+never of the order in which they arrived. In the synchronous limit (version ``q`` scored after every outcome of
+versions ``< q`` was observed) it equals :class:`trl_aspo.tracker.EventValueTracker` at dispatch event ``q``.
 
 Numerics: the ratio does not depend on a common factor, so it is evaluated relative to the newest contributing event
 ``r <= z`` (every weight ``rho^(r - .) <= 1``, the newest 1): no ``rho^-z`` blow-up, and no 0/0 after long gaps.

@@ -390,8 +390,13 @@ class StepScorer:
         worker_advantages: torch.Tensor,
         worker_reward_std: torch.Tensor,
         conversations: list[object] | None = None,
+        entry_versions: list[int] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """`A = R - v` before normalization (float64 (B,), 0 where the reward is NaN), then observe the outcomes.
+
+        `entry_versions`: spo++ only, per sample the model version its prompt's prior is anchored at (the prompt's
+        first dispatch, which the rollout worker records); None anchors at the earliest version scored, which
+        depends on the order in which samples arrive.
 
         `conversations`: one hashable id per sample naming the rollout it comes from. TRL's worker splits a multi-turn
         conversation whose re-tokenization drifts into several rows (forks) that share one reward; the tracker must
@@ -422,7 +427,8 @@ class StepScorer:
         values = torch.full_like(outcomes, float("nan"))
         if isinstance(self.tracker, AsyncEventValues):
             scored_versions = [versions[i] for i in index]
-            self.tracker.enter(scored_keys, scored_versions)
+            entries = versions if entry_versions is None else entry_versions
+            self.tracker.enter(scored_keys, [entries[i] for i in index])
             values[index] = self.tracker.value(scored_keys, scored_versions)
             self.tracker.observe(scored_keys, outcomes[index], scored_versions)
         else:
@@ -454,21 +460,22 @@ class StepScorer:
         conversations: list[object] | None = None,
         correctness_scores: torch.Tensor | None = None,
         shaping_extras: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        entry_versions: list[int] | None = None,
     ) -> ScoredBatch:
         """Baseline, normalization and shaping of one batch (all tensors (B,), in arrival order).
 
         `tool_positions`: action tokens before each sample's first tool call (-1 for none); needed with
-        `tool_shaping`. `conversations`: see `baseline`. `correctness_scores`: what shaping compares with
-        `tool_shaping_correct_threshold` (the `tool_shaping_correct_reward` function's rewards); the total reward
-        when None. `shaping_extras`: the optional extras' bias (B,) as a function of the advantages before
-        shaping (see `make_shaping_hooks`).
+        `tool_shaping`. `conversations`, `entry_versions`: see `baseline`. `correctness_scores`: what shaping
+        compares with `tool_shaping_correct_threshold` (the `tool_shaping_correct_reward` function's rewards); the
+        total reward when None. `shaping_extras`: the optional extras' bias (B,) as a function of the advantages
+        before shaping (see `make_shaping_hooks`).
 
         An infinite total reward leaves its sample unscored (as `ASPOTrainer` treats it: TRL's None), and a
         non-finite worker advantage (the z-score of a group that held one) becomes 0, with a warning, so one bad
         reward cannot turn the step's statistics into NaN."""
         rewards, worker_advantages = _unscorable_if_infinite(rewards, worker_advantages)
         advantages, metrics = self.baseline(
-            keys, rewards, versions, worker_advantages, worker_reward_std, conversations
+            keys, rewards, versions, worker_advantages, worker_reward_std, conversations, entry_versions
         )
         scorable = ~torch.isnan(rewards)
         if self.args.advantage_normalization != "group":

@@ -13,12 +13,14 @@ under the copy's lock, so no turn is sampled from half-updated weights.
 
 `LocalWorkerResumeMixin` (before `AsyncGRPOTrainer` in a trainer's bases; `AsyncASPOTrainer` has it) saves and
 restores the local worker's prompt position and model version with each checkpoint, as `AsyncGRPOTrainer` does for
-its own worker only.
+its own worker only; for either worker it counts a group as trained when its micro-batch is trained (not when the
+data loader fetches it, one micro-batch ahead) and resumes at the checkpoint's model version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import json
@@ -293,13 +295,53 @@ class LocalWeightTransfer:
         """Nothing to release."""
 
 
+class _CollatedGroups:
+    """Stands in for the trained-group set TRL's collator updates: keeps each micro-batch's groups, in order, until
+    that micro-batch is trained."""
+
+    def __init__(self):
+        self.pending: collections.deque[set[int]] = collections.deque()
+
+    def update(self, groups) -> None:
+        self.pending.append(set(groups))
+
+
 class LocalWorkerResumeMixin:
     """For a subclass of `AsyncGRPOTrainer` (listed before it): checkpoints record the `LocalRolloutWorker`'s first
     untrained prompt and the model version (`rollout_state.json`), and a resumed run restarts the worker there.
 
     `AsyncGRPOTrainer` does exactly this in `_save_checkpoint` / `_inner_training_loop`, but only for an instance of
     its own worker class, so these two methods add the same for the local worker. With another worker they only call
-    TRL's."""
+    TRL's. For every worker, two things make a resumed run continue as the uninterrupted one:
+
+    - TRL's collator marks a micro-batch's groups trained when the data loader fetches it, which is one micro-batch
+      ahead of training, so a checkpoint's first untrained prompt would skip the fetched, untrained step. Here the
+      groups join `_trained_groups` when their micro-batch is trained (`training_step`).
+    - The cold weight sync at train begin counts a version; on resume it republishes the checkpoint's weights, so
+      it restores the checkpoint's version instead of minting a new one (not with TRL's adapter-only sync, whose
+      adapter names must not be reused on a running server)."""
+
+    def get_train_dataloader(self):
+        trained, self._trained_groups = self._trained_groups, _CollatedGroups()
+        try:
+            dataloader = super().get_train_dataloader()
+        finally:
+            self._collated_groups, self._trained_groups = self._trained_groups, trained
+        return dataloader
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        output = super().training_step(model, inputs, num_items_in_batch)
+        collated = getattr(self, "_collated_groups", None)
+        if collated is not None and collated.pending:
+            self._trained_groups.update(collated.pending.popleft())
+        return output
+
+    def _sync_weight(self):
+        if getattr(self, "_republish_checkpoint_version", False):
+            self._republish_checkpoint_version = False
+            if self.accelerator.is_main_process:
+                self.model_version -= 1
+        super()._sync_weight()
 
     def _save_checkpoint(self, model, trial):
         if self.accelerator.is_main_process and isinstance(self.rollout_worker, LocalRolloutWorker):
@@ -315,9 +357,26 @@ class LocalWorkerResumeMixin:
 
     def _inner_training_loop(self, *args, **kwargs):
         # Before TRL's train-begin callback starts the worker, which builds its loop from `_loop_kwargs`.
+        checkpoint = kwargs.get("resume_from_checkpoint")
         if isinstance(self.rollout_worker, LocalRolloutWorker):
-            self._restore_local_prompt_position(kwargs.get("resume_from_checkpoint"))
+            self._restore_local_prompt_position(checkpoint)
+        self._republish_checkpoint_version = self._resumes_a_model_version(checkpoint)
         return super()._inner_training_loop(*args, **kwargs)
+
+    def _resumes_a_model_version(self, checkpoint: str | None) -> bool:
+        """Whether this run resumes the worker at the checkpoint's model version (>= 1), which the cold sync then
+        republishes: the rules by which TRL and `_restore_local_prompt_position` read `rollout_state.json`."""
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+        if checkpoint is None or getattr(self, "_lora_sync", False):
+            return False
+        if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
+            return False
+        state_file = os.path.join(checkpoint, "rollout_state.json")
+        if not os.path.isfile(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
+            return False
+        with open(state_file) as handle:
+            return json.load(handle).get("model_version", 0) > 0
 
     def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
         self.rollout_worker._loop_kwargs["dataset_start_index"] = 0

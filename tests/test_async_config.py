@@ -52,9 +52,11 @@ def test_single_stream_defaults(tmp_path):
         ({"loss_type": "grpo"}, r"AsyncASPOConfig.loss_type='grpo' is invalid: must be one of \('ppo', 'aspo'\)"),
         (
             {"aspo_dual_clip": 2.0},
-            r"AsyncASPOConfig.aspo_dual_clip=2.0 is invalid: it only acts with loss_type='aspo'",
+            r"AsyncASPOConfig.aspo_dual_clip=2.0 is invalid: it only acts in the aspo loss, so it needs "
+            r"loss_type='aspo' "
+            r"\(got loss_type='ppo'\)",
         ),
-        ({"loss_type": "aspo", "aspo_dual_clip": 1.0}, r"aspo_dual_clip=1.0 is invalid: must be a number > 1"),
+        ({"loss_type": "aspo", "aspo_dual_clip": 1.0}, r"aspo_dual_clip=1.0 is invalid: must lie in \(1, 100\]"),
         ({"num_generations": 1}, r"num_generations=1 is invalid: the group baseline needs at least 2"),
         ({"advantage_estimator": "spo++", "advantage_normalization": "group"}, r"advantage_normalization='group'"),
         ({"prioritized_sampling": True}, r"prioritized_sampling=True is invalid: priorities come from the value"),

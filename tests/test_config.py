@@ -143,7 +143,8 @@ def test_prior_strength_follows_rho_unless_set():
     assert make(advantage_estimator="spo", value_rho=0.75).value_prior_strength == 4.0
     kl = make(advantage_estimator="spo", value_rho_mode="kl", value_rho_min=0.8, value_rho_max=0.96)
     assert kl.value_prior_strength == pytest.approx(5.0)  # follows rho_min, not value_rho=0.875
-    assert make(advantage_estimator="spo++", value_rho=0.9, value_prior_strength=3.0).value_prior_strength == 3.0
+    explicit = make(advantage_estimator="spo++", value_prior_strength=3.0, value_init_file="counts.json")
+    assert explicit.value_prior_strength == 3.0
     assert make(advantage_estimator="spo++", value_rho=1.0).value_prior_strength is None  # nothing to initialize
     with pytest.raises(ValueError, match="ASPOConfig.value_prior_strength=None"):
         make(advantage_estimator="spo++", value_rho=1.0, value_init_file="counts.json")

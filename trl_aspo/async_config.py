@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from .config import ASPOFieldsMixin
+from .config import ASPOFieldsMixin, Dependency
 
 ASYNC_LOSS_TYPES = ("ppo", "aspo")
 
@@ -21,6 +21,8 @@ _NOT_YET = "the asynchronous trainer does not implement it yet"
 ASYNC_UNSUPPORTED_FIELDS = {
     "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
+    "kl_clamp": "AsyncGRPOTrainer has no KL term (no reference model)",
+    "lr_schedule_per_generation": "the asynchronous trainer generates continuously: no rounds to step a schedule by",
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
@@ -56,6 +58,19 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     def __post_init__(self):
         self._validate_aspo_fields()
         super().__post_init__()
+        self._check_field_dependencies()
+
+    def _config_dependencies(self) -> tuple[Dependency, ...]:
+        return (
+            Dependency(
+                "aspo_unflipped_fraction",
+                ("per_device_train_batch_size", "token_budget"),
+                "aspo_unflipped_fraction x per_device_train_batch_size > 0.5 (or token_budget > 0)",
+                lambda c: c.aspo_unflipped_fraction * c.per_device_train_batch_size > 0.5 or bool(c.token_budget),
+                "round(fraction x a micro-batch's positive-advantage samples) are left unflipped, 0 in every "
+                "micro-batch",
+            ),
+        )
 
     @property
     def scores_on_trainer(self) -> bool:

@@ -32,6 +32,7 @@ from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
+from .advantage_checks import advantage_sources, check_finite_advantages
 from .async_config import AsyncASPOConfig
 from .async_infra.fallbacks import install_cpu_fallbacks
 from .async_infra.local_worker import LocalRolloutWorker, LocalWorkerResumeMixin
@@ -126,6 +127,7 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
                 share = dropped / (dropped + self.step_size)
                 self.trainer._metrics["train"]["filter/zero_variance_dropped_share"].append(share)
             advantages = self.trainer._score_step([sample for _, sample in pending])
+            check_finite_advantages(advantages, self.trainer._advantage_sources([sample for _, sample in pending]))
             for (item, _), advantage in zip(pending, advantages.tolist(), strict=True):
                 yield {**item, "advantage": advantage}
             pending, dropped = [], 0
@@ -387,6 +389,11 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         return [
             sample.model_version if first is None else first for first, sample in zip(stamped, samples, strict=True)
         ]
+
+    def _advantage_sources(self, samples) -> dict:
+        """What fed one optimizer step's advantages (per sample), named for `check_finite_advantages`."""
+        rewards = torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64)
+        return advantage_sources(self.args, {"reward": rewards})
 
     def _filtered_out(self, sample) -> bool:
         """Whether `filter_zero_variance_groups` drops the sample: its group's rewards are all equal. The group counts

@@ -62,6 +62,241 @@ def aspo_field_types() -> dict[str, list[str]]:
     return types
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The range a numeric field accepts: [low, high], with either end open. Every number a config accepts is bounded,
+    so no combination of accepted values overflows float32 in the advantage or the loss (1e308 is finite, but a bonus
+    of 1e308 makes every advantage it touches infinite and the weights NaN after one step)."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+# The allowed range of every numeric field trl-aspo adds (a list field: of each element). Generous beyond every value
+# the papers use; tests/test_config.py checks that no numeric field is missing.
+FIELD_BOUNDS = {
+    "aspo_dual_clip": Bound(1, 100, low_open=True),
+    "aspo_dual_clip_pos": Bound(1, 100, low_open=True),
+    "aspo_dual_clip_neg": Bound(1, 100, low_open=True),
+    "aspo_entropy_quantile": Bound(0, 1, low_open=True, high_open=True),
+    "aspo_epsilon_high_entropy": Bound(0, 10, low_open=True),
+    "aspo_flip_threshold_start": Bound(0, 100),
+    "aspo_flip_decay_steps": Bound(0, 10**9),
+    "aspo_unflipped_fraction": Bound(0, 1),
+    "aspo_adaptive_kl_beta": Bound(0, 100, low_open=True),
+    "aspo_adaptive_kl_entropy_target": Bound(0, 100, low_open=True),
+    "kl_clamp": Bound(0, 1000, low_open=True),
+    "overlong_buffer_length": Bound(1, 10**9),
+    "overlong_penalty_factor": Bound(0, 1000, low_open=True),
+    "tool_shaping_delta": Bound(-100, 100),
+    "tool_shaping_k": Bound(0, 100),
+    "tool_shaping_correct_threshold": Bound(-1e9, 1e9),
+    "tool_shaping_interactive_bonus": Bound(0, 100),
+    "value_rho": Bound(0, 1, low_open=True),
+    "value_kl_half": Bound(0, 100, low_open=True),
+    "value_rho_min": Bound(0, 1, low_open=True),
+    "value_rho_max": Bound(0, 1, low_open=True),
+    "value_prior_strength": Bound(0, 1e9, low_open=True),
+    "value_init_samples": Bound(0, 10**6),
+    "value_reward_range": Bound(-1e9, 1e9),
+    "priority_epsilon": Bound(0, 100, low_open=True),
+}
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """`option`, set away from its default, acts only while `holds(config)`; otherwise it is refused with a
+    `ValueError` (it would do nothing or be wrong) or, where the combination can be intentional, warned about. Both
+    messages name `option` and the `switches` the condition reads, with their values."""
+
+    option: str
+    switches: tuple[str, ...]
+    needs: str
+    holds: typing.Callable[[typing.Any], bool]
+    why: str
+    refuse: bool = True
+
+
+def _single_stream(config) -> bool:
+    return config.advantage_estimator in SINGLE_STREAM_ESTIMATORS
+
+
+def _tracker_initialized(config) -> bool:
+    return config.value_init_samples > 0 or config.value_init_file is not None
+
+
+def _derived_prior_strength(config) -> float | None:
+    rho = config.value_rho_min if config.value_rho_mode == "kl" else config.value_rho
+    return default_prior_strength(rho) if rho < 1 else None
+
+
+def _needs_tool_shaping(name: str) -> Dependency:
+    return Dependency(
+        name, ("tool_shaping",), "tool_shaping=True", lambda c: c.tool_shaping, "it only acts in tool-position shaping"
+    )
+
+
+def _needs_tracker(name: str, why: str = "it configures the value tracker") -> Dependency:
+    return Dependency(name, ("advantage_estimator",), "advantage_estimator='spo' or 'spo++'", _single_stream, why)
+
+
+def _needs_kl_rho(name: str) -> Dependency:
+    return Dependency(
+        name,
+        ("value_rho_mode",),
+        "value_rho_mode='kl'",
+        lambda c: c.value_rho_mode == "kl",
+        "it shapes the KL-adaptive rho, and constant mode uses value_rho",
+    )
+
+
+# Options that act only together with another switch, for both configs (each config adds its own in
+# `_config_dependencies`; every field starting with `aspo_` also needs loss_type='aspo', see `field_dependencies`).
+# A field not listed here is declared in INDEPENDENT_FIELDS: tests/test_config.py fails on a field in neither.
+FIELD_DEPENDENCIES = (
+    Dependency(
+        "aspo_dual_clip",
+        ("aspo_dual_clip_pos", "aspo_dual_clip_neg"),
+        "aspo_dual_clip_pos or aspo_dual_clip_neg left at None",
+        lambda c: c.aspo_dual_clip_pos is None or c.aspo_dual_clip_neg is None,
+        "it is the fallback of both sign-specific constants, and both are set",
+    ),
+    Dependency(
+        "aspo_epsilon_high_entropy",
+        ("aspo_entropy_quantile",),
+        "aspo_entropy_quantile set",
+        lambda c: c.aspo_entropy_quantile is not None,
+        "it is the offset of the high-entropy tokens that aspo_entropy_quantile selects",
+    ),
+    Dependency(
+        "aspo_flip_threshold_start",
+        ("aspo_flip_decay_steps",),
+        "aspo_flip_decay_steps > 0",
+        lambda c: c.aspo_flip_decay_steps > 0,
+        "with aspo_flip_decay_steps=0 the threshold is 0 at every step (every positive token flips from the start)",
+    ),
+    Dependency(
+        "aspo_flip_decay_steps",
+        ("aspo_flip_threshold_start",),
+        "aspo_flip_threshold_start > 0",
+        lambda c: c.aspo_flip_threshold_start > 0,
+        "it decays the flip threshold from aspo_flip_threshold_start, which is 0",
+    ),
+    Dependency(
+        "aspo_adaptive_kl_entropy_target",
+        ("aspo_adaptive_kl_beta",),
+        "aspo_adaptive_kl_beta set",
+        lambda c: c.aspo_adaptive_kl_beta is not None,
+        "it is the entropy under which aspo_adaptive_kl_beta applies",
+    ),
+    Dependency(
+        "overlong_penalty_factor",
+        ("overlong_buffer_length",),
+        "overlong_buffer_length set",
+        lambda c: c.overlong_buffer_length is not None,
+        "it weights the overlong penalty, which overlong_buffer_length switches on",
+    ),
+    Dependency(
+        "filter_zero_variance_groups",
+        ("advantage_estimator",),
+        "advantage_estimator='group'",
+        lambda c: c.advantage_estimator == "group",
+        "a group of one completion always has zero variance",
+    ),
+    *(
+        _needs_tool_shaping(name)
+        for name in (
+            "tool_shaping_delta",
+            "tool_shaping_k",
+            "tool_shaping_correct_threshold",
+            "tool_shaping_correct_reward",
+            "tool_shaping_interactive_bonus",
+            "tool_shaping_penalty",
+        )
+    ),
+    Dependency(
+        "tool_call_opener",
+        ("tool_call_pattern",),
+        "tool_call_pattern=None",
+        lambda c: c.tool_call_pattern is None,
+        "tool_call_pattern replaces it in training (`trl-aspo evaluate` still reads it)",
+        refuse=False,
+    ),
+    *(
+        _needs_tracker(name)
+        for name in (
+            "value_rho",
+            "value_kl_half",
+            "value_rho_min",
+            "value_rho_max",
+            "value_prior_strength",
+            "value_reward_range",
+            "prompt_id_column",
+        )
+    ),
+    _needs_tracker("value_init_samples", "it initializes the value tracker"),
+    _needs_tracker("value_init_file", "it initializes the value tracker"),
+    _needs_tracker("prioritized_sampling", "priorities come from the value tracker"),
+    Dependency(
+        "value_rho_mode",
+        ("advantage_estimator",),
+        "advantage_estimator='spo'",
+        lambda c: c.advantage_estimator == "spo",
+        "'kl' applies to per-visit forgetting (spo++ ages evidence by policy events)",
+    ),
+    Dependency(
+        "value_rho",
+        ("value_rho_mode",),
+        "value_rho_mode='constant'",
+        lambda c: c.value_rho_mode == "constant",
+        "value_rho_mode='kl' sets rho per visit from the policy drift",
+    ),
+    *(_needs_kl_rho(name) for name in ("value_kl_half", "value_rho_min", "value_rho_max")),
+    Dependency(
+        "value_prior_strength",
+        ("value_init_samples", "value_init_file"),
+        "value_init_samples > 0 or value_init_file set",
+        _tracker_initialized,
+        "it is the pseudo-count of the tracker's initialization from counts",
+    ),
+    Dependency(
+        "priority_epsilon",
+        ("prioritized_sampling",),
+        "prioritized_sampling=True",
+        lambda c: c.prioritized_sampling,
+        "it is the floor of the prioritized sampling weights",
+    ),
+)
+
+# Fields whose default None is replaced in `__post_init__`: the derived value counts as the default.
+DERIVED_DEFAULTS = {"value_prior_strength": _derived_prior_strength}
+
+# Fields that act on their own (switches, or options whose every value means something whatever else is set).
+INDEPENDENT_FIELDS = {
+    "loss_type": "AsyncASPOConfig's loss switch",
+    "overlong_buffer_length": "switches the overlong penalty on",
+    "tool_shaping": "switches tool-position shaping on",
+    "tool_call_pattern": "marks tool calls for the tool metrics as well as for shaping",
+    "advantage_estimator": "the baseline switch",
+    "advantage_normalization": "every normalization applies to every estimator ('group' is checked as a value)",
+    "value_reset_on_resume": "also lets a run resume a tracker checkpoint under the group estimator",
+}
+
+
+def _lr_schedule_type(config) -> str:
+    return getattr(config.lr_scheduler_type, "value", config.lr_scheduler_type)
+
+
 class _SingleCompletion(int):
     """The integer 1, except that it does not compare below 2 (used only during `GRPOConfig.__post_init__`)."""
 
@@ -160,6 +395,25 @@ class ASPOFieldsMixin:
     aspo_adaptive_kl_entropy_target: float = field(
         default=0.3,
         metadata={"help": "Mean token entropy (nats) under which the adaptive KL coefficient applies. Must be > 0."},
+    )
+    kl_clamp: float | None = field(
+        default=None,
+        metadata={
+            "help": "Clamp TRL's per-token k3 KL estimate to [-kl_clamp, kl_clamp], as verl's `low_var_kl` that the "
+            "ASPO reference runs (clamp 10; its log-ratio is clamped to [-20, 20] first, for a finite exponential). "
+            "None = TRL's unclamped k3. Needs loss_type='aspo' and beta > 0 (TRL's own losses compute the KL inline "
+            "in GRPOTrainer._compute_loss, which this option does not replace)."
+        },
+    )
+    lr_schedule_per_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "Step the learning-rate schedule once per generation round, as verl steps its scheduler once per "
+            "rollout: every optimizer step of a round uses the schedule's value at the round's first optimizer "
+            "step (warmup_steps and the schedule's length still count optimizer steps). Needs a round to span whole "
+            "optimizer steps (steps_per_generation x num_iterations divisible by gradient_accumulation_steps) and a "
+            "lambda schedule (not reduce_lr_on_plateau)."
+        },
     )
 
     # --- Recipe options of the ASPO reference (Archer2.0) ---------------------------------------------------------
@@ -398,75 +652,15 @@ class ASPOFieldsMixin:
             "num_generations",
             "must be a positive integer",
         )
-
-        def finite(value) -> bool:
-            return isinstance(value, int | float) and math.isfinite(value)
-
-        require(finite(self.aspo_dual_clip) and self.aspo_dual_clip > 1, "aspo_dual_clip", "must be a number > 1")
+        self._check_field_bounds()
         require(self.aspo_aggregation in ASPO_AGGREGATIONS, "aspo_aggregation", f"must be one of {ASPO_AGGREGATIONS}")
-        for name in ("aspo_dual_clip_pos", "aspo_dual_clip_neg"):
-            value = getattr(self, name)
-            require(value is None or (finite(value) and value > 1), name, "must be None or a number > 1")
-        if self.loss_type != "aspo":
-            for aspo_field in fields(self):
-                if aspo_field.name.startswith("aspo_"):
-                    require(
-                        getattr(self, aspo_field.name) == aspo_field.default,
-                        aspo_field.name,
-                        f"it only acts with loss_type='aspo' (got loss_type={self.loss_type!r}); remove it or set "
-                        "loss_type='aspo'",
-                    )
-        require(
-            self.aspo_entropy_quantile is None
-            or (finite(self.aspo_entropy_quantile) and 0 < self.aspo_entropy_quantile < 1),
-            "aspo_entropy_quantile",
-            "must be None or lie in (0, 1)",
-        )
-        require(
-            finite(self.aspo_epsilon_high_entropy) and self.aspo_epsilon_high_entropy > 0,
-            "aspo_epsilon_high_entropy",
-            "must be > 0",
-        )
-        require(
-            finite(self.aspo_flip_threshold_start) and self.aspo_flip_threshold_start >= 0,
-            "aspo_flip_threshold_start",
-            "must be >= 0",
-        )
-        require(self.aspo_flip_decay_steps >= 0, "aspo_flip_decay_steps", "must be >= 0")
-        require(
-            finite(self.aspo_unflipped_fraction) and 0 <= self.aspo_unflipped_fraction <= 1,
-            "aspo_unflipped_fraction",
-            "must lie in [0, 1]",
-        )
-        if self.aspo_adaptive_kl_beta is not None:
-            require(
-                finite(self.aspo_adaptive_kl_beta) and self.beta > 0 and self.aspo_adaptive_kl_beta >= self.beta,
-                "aspo_adaptive_kl_beta",
-                f"needs beta > 0 (got beta={self.beta}) and must be >= beta",
-            )
-        require(self.aspo_adaptive_kl_entropy_target > 0, "aspo_adaptive_kl_entropy_target", "must be > 0")
-        self._validate_loss_coupling(require)
-
-        require(
-            not (self.filter_zero_variance_groups and self.advantage_estimator != "group"),
-            "filter_zero_variance_groups",
-            "needs advantage_estimator='group' (a group of one completion always has zero variance)",
-        )
         if self.overlong_buffer_length is not None:
             require(
-                isinstance(self.overlong_buffer_length, int)
-                and 1 <= self.overlong_buffer_length <= (self.max_completion_length or 0),
+                self.overlong_buffer_length <= (self.max_completion_length or 0),
                 "overlong_buffer_length",
                 f"must be None or an integer in [1, max_completion_length={self.max_completion_length}]",
             )
-        require(
-            finite(self.overlong_penalty_factor) and self.overlong_penalty_factor > 0,
-            "overlong_penalty_factor",
-            "must be > 0",
-        )
-        require(finite(self.tool_shaping_delta) and self.tool_shaping_delta != 0, "tool_shaping_delta", "must be != 0")
-        require(finite(self.tool_shaping_k) and self.tool_shaping_k >= 0, "tool_shaping_k", "must be >= 0")
-        require(finite(self.tool_shaping_correct_threshold), "tool_shaping_correct_threshold", "must be finite")
+        require(self.tool_shaping_delta != 0, "tool_shaping_delta", "must be != 0")
         require(bool(self.tool_call_opener), "tool_call_opener", "must be a non-empty string")
         if self.tool_call_pattern is not None:
             import re
@@ -478,7 +672,7 @@ class ASPOFieldsMixin:
                     f"{type(self).__name__}.tool_call_pattern={self.tool_call_pattern!r} is not a valid regular "
                     f"expression: {error}."
                 ) from None
-        require(self.tool_shaping_interactive_bonus >= 0, "tool_shaping_interactive_bonus", "must be >= 0")
+        self._validate_loss_coupling(require)
 
         require(
             self.advantage_estimator in ADVANTAGE_ESTIMATORS,
@@ -508,37 +702,16 @@ class ASPOFieldsMixin:
             "advantage_estimator='spo' or 'spo++'",
         )
         self._validate_reward_aggregation(require, single_stream)
-        require(finite(self.value_rho) and 0 < self.value_rho <= 1, "value_rho", "must lie in (0, 1]")
         require(self.value_rho_mode in VALUE_RHO_MODES, "value_rho_mode", f"must be one of {VALUE_RHO_MODES}")
-        require(
-            not (self.value_rho_mode == "kl" and self.advantage_estimator != "spo"),
-            "value_rho_mode",
-            "'kl' applies to per-visit forgetting, so it needs advantage_estimator='spo'",
-        )
-        require(self.value_kl_half > 0, "value_kl_half", "must be > 0")
-        require(self.value_rho_max <= 1, "value_rho_max", "must be <= 1")
-        require(0 < self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
+        require(self.value_rho_min <= self.value_rho_max, "value_rho_min", "must lie in (0, value_rho_max]")
         if self.value_prior_strength is None:
             prior_rho = self.value_rho_min if self.value_rho_mode == "kl" else self.value_rho
-            initialized = self.value_init_samples > 0 or self.value_init_file is not None
             require(
-                prior_rho < 1 or not initialized,
+                prior_rho < 1 or not _tracker_initialized(self),
                 "value_prior_strength",
                 f"the default 1/(1-rho) is infinite at rho={prior_rho}; set a positive value",
             )
-            if prior_rho < 1:
-                self.value_prior_strength = default_prior_strength(prior_rho)
-        require(
-            self.value_prior_strength is None or (finite(self.value_prior_strength) and self.value_prior_strength > 0),
-            "value_prior_strength",
-            "must be a finite number > 0",
-        )
-        require(self.value_init_samples >= 0, "value_init_samples", "must be >= 0")
-        require(
-            single_stream or (self.value_init_samples == 0 and self.value_init_file is None),
-            "value_init_samples" if self.value_init_samples else "value_init_file",
-            "initializes the value tracker, so it needs advantage_estimator='spo' or 'spo++'",
-        )
+            self.value_prior_strength = _derived_prior_strength(self)
         require(
             not (self.value_init_samples > 0 and self.value_init_file is not None),
             "value_init_file",
@@ -546,18 +719,64 @@ class ASPOFieldsMixin:
         )
         if self.value_reward_range is not None:
             require(
-                len(self.value_reward_range) == 2
-                and all(finite(x) for x in self.value_reward_range)
-                and self.value_reward_range[0] < self.value_reward_range[1],
+                len(self.value_reward_range) == 2 and self.value_reward_range[0] < self.value_reward_range[1],
                 "value_reward_range",
                 "must be two finite numbers [lo, hi] with lo < hi",
             )
-        require(
-            not (self.prioritized_sampling and not single_stream),
-            "prioritized_sampling",
-            "priorities come from the value tracker, so it needs advantage_estimator='spo' or 'spo++'",
+
+    def _check_field_bounds(self) -> None:
+        """Every numeric field within its `FIELD_BOUNDS` range (None passes where the annotation allows it)."""
+        for name, bound in FIELD_BOUNDS.items():
+            value = getattr(self, name)
+            values = value if isinstance(value, list | tuple) else [value]
+            if value is None or all(bound.holds(item) for item in values):
+                continue
+            each = " each" if isinstance(value, list | tuple) else ""
+            optional = " or be None" if "None" in aspo_field_types()[name] else ""
+            raise ValueError(
+                f"{type(self).__name__}.{name}={value!r} is invalid: must{each} lie in {bound}{optional}."
+            )
+
+    def _config_dependencies(self) -> tuple[Dependency, ...]:
+        """The dependencies of fields on switches of this config's TRL base class (added to FIELD_DEPENDENCIES)."""
+        return ()
+
+    def field_dependencies(self) -> tuple[Dependency, ...]:
+        """Every dependency this config checks: loss_type='aspo' for each `aspo_` field, FIELD_DEPENDENCIES, and
+        this config's own."""
+        aspo_loss = tuple(
+            Dependency(
+                config_field.name,
+                ("loss_type",),
+                "loss_type='aspo'",
+                lambda c: c.loss_type == "aspo",
+                "it only acts in the aspo loss",
+            )
+            for config_field in fields(ASPOFieldsMixin)
+            if config_field.name.startswith("aspo_")
         )
-        require(finite(self.priority_epsilon) and self.priority_epsilon > 0, "priority_epsilon", "must be > 0")
+        return aspo_loss + FIELD_DEPENDENCIES + self._config_dependencies()
+
+    def _check_field_dependencies(self) -> None:
+        """Refuse (or warn about) every option set away from its default whose switch is off: run after the TRL base
+        config's `__post_init__`, which derives the fields some conditions read (generation_batch_size)."""
+        name = type(self).__name__
+        for dependency in self.field_dependencies():
+            value = getattr(self, dependency.option)
+            derived = DERIVED_DEFAULTS.get(dependency.option)
+            at_default = value == self.__dataclass_fields__[dependency.option].default or (
+                derived is not None and value == derived(self)
+            )
+            if at_default or dependency.holds(self):
+                continue
+            got = ", ".join(f"{switch}={getattr(self, switch)!r}" for switch in dependency.switches)
+            reason = f"{dependency.why}, so it needs {dependency.needs} (got {got})"
+            if dependency.refuse:
+                raise ValueError(
+                    f"{name}.{dependency.option}={value!r} is invalid: {reason}. Remove {dependency.option} or change "
+                    f"{', '.join(dependency.switches)}."
+                )
+            warnings.warn(f"{name}.{dependency.option}={value!r} may do nothing: {reason}.", UserWarning, stacklevel=4)
 
     def _validate_loss_coupling(self, require) -> None:
         """Checks between `loss_type='aspo'` and loss fields of the TRL base config."""
@@ -593,7 +812,54 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
             if single_stream:
                 self.num_generations = 1
                 self.num_generations_eval = self.num_generations_eval or 1
+        self._check_field_dependencies()
         self._warn_on_policy_aspo()
+
+    def optimizer_steps_per_generation(self) -> float:
+        """Optimizer steps one generation round feeds: steps_per_generation x num_iterations micro-batches, a step
+        every gradient_accumulation_steps of them."""
+        return self.steps_per_generation * self.num_iterations / self.gradient_accumulation_steps
+
+    def _config_dependencies(self) -> tuple[Dependency, ...]:
+        return (
+            Dependency(
+                "aspo_adaptive_kl_beta",
+                ("beta",),
+                "beta > 0",
+                lambda c: c.beta > 0,
+                "it raises the KL coefficient from beta, and beta=0 loads no reference model",
+            ),
+            Dependency(
+                "kl_clamp",
+                ("loss_type",),
+                "loss_type='aspo'",
+                lambda c: c.loss_type == "aspo",
+                "TRL's own losses compute the KL inline in GRPOTrainer._compute_loss (one 250-line method, which "
+                "trl-aspo replaces only for its own loss)",
+            ),
+            Dependency("kl_clamp", ("beta",), "beta > 0", lambda c: c.beta > 0, "with beta=0 there is no KL term"),
+            Dependency(
+                "aspo_unflipped_fraction",
+                ("generation_batch_size",),
+                "aspo_unflipped_fraction x generation_batch_size > 0.5",
+                lambda c: c.aspo_unflipped_fraction * c.generation_batch_size > 0.5,
+                "round(fraction x the round's positive-advantage completions) are left unflipped, 0 in every round",
+            ),
+            Dependency(
+                "lr_schedule_per_generation",
+                ("steps_per_generation", "num_iterations", "gradient_accumulation_steps"),
+                "steps_per_generation x num_iterations divisible by gradient_accumulation_steps",
+                lambda c: c.optimizer_steps_per_generation().is_integer(),
+                "a generation round must span whole optimizer steps",
+            ),
+            Dependency(
+                "lr_schedule_per_generation",
+                ("lr_scheduler_type",),
+                "a lambda schedule other than 'constant'",
+                lambda c: _lr_schedule_type(c) not in ("constant", "reduce_lr_on_plateau"),
+                "a constant rate is the same per round, and reduce_lr_on_plateau steps on a metric",
+            ),
+        )
 
     def _warn_on_policy_aspo(self) -> None:
         """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
@@ -620,6 +886,11 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
                 "entropy_coef",
                 "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
             )
+        require(
+            self.aspo_adaptive_kl_beta is None or self.aspo_adaptive_kl_beta >= self.beta,
+            "aspo_adaptive_kl_beta",
+            f"must be >= beta={self.beta}",
+        )
 
     def _validate_reward_aggregation(self, require, single_stream: bool) -> None:
         require(

@@ -27,10 +27,12 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
+from .advantage_checks import advantage_sources, check_finite_advantages
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .citations import model_card_paper
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
 from .filters import zero_variance_groups
+from .kl import k3_kl
 from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
@@ -38,6 +40,7 @@ from .losses import (
     repetition_rate,
     unflipped_sample_mask,
 )
+from .lr_schedule import per_generation_lr_lambda
 from .multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
 from .prompt_ids import prompt_keys
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
@@ -319,6 +322,7 @@ class ASPOTrainer(GRPOTrainer):
             self._logs["advantages"].extend(advantages.tolist())
         else:
             advantages = self.accelerator.gather(output["advantages"])
+        check_finite_advantages(advantages, self._advantage_sources(rewards_per_func, rewards))
         self._log_advantage_quantiles(unsignaled if rewrite else advantages, scorable)
         self._metrics[mode]["zero_advantage_share"].append(
             torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
@@ -334,6 +338,13 @@ class ASPOTrainer(GRPOTrainer):
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
         self._value_event += 1
         return output
+
+    def _advantage_sources(self, rewards_per_func, rewards) -> dict:
+        """What fed this round's advantages (gathered, per completion), named for `check_finite_advantages`."""
+        per_func = {
+            f"rewards/{name}": column for name, column in zip(self.reward_func_names, rewards_per_func.T, strict=True)
+        }
+        return advantage_sources(self.args, {"reward": rewards, **per_func})
 
     def _drop_zero_variance_groups(self, rewards, output, inputs) -> torch.Tensor:
         """Take groups whose rewards are all equal out of the loss: their tokens leave the completion mask and the
@@ -677,6 +688,15 @@ class ASPOTrainer(GRPOTrainer):
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
         return tracker_rewards(rewards, self.args).cpu()
 
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """Trainer's scheduler; with `lr_schedule_per_generation`, each multiplier is taken at the first optimizer
+        step of its generation round (`per_generation_lr_lambda`), as verl steps its scheduler once per rollout."""
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if self.args.lr_schedule_per_generation:  # idempotent: a second call wraps with the same rounding
+            steps_per_round = int(self.args.optimizer_steps_per_generation())
+            scheduler.lr_lambdas = [per_generation_lr_lambda(f, steps_per_round) for f in scheduler.lr_lambdas]
+        return scheduler
+
     # ---------------------------------------------------------------- loss
     def _compute_loss(self, model, inputs):
         if self.loss_type != "aspo":
@@ -735,8 +755,7 @@ class ASPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         if self.beta != 0.0:
-            log_ref_ratio = inputs["ref_per_token_logps"] - per_token_logps
-            per_token_kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+            per_token_kl = k3_kl(inputs["ref_per_token_logps"], per_token_logps, args.kl_clamp)
             if args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * torch.exp(per_token_logps - old_per_token_logps)
             per_token_loss = per_token_loss + self._aspo_kl_coef * per_token_kl

@@ -225,11 +225,6 @@ def test_a_mistyped_local_path_is_refused_at_once(tmp_path, argv, first_line):
 def test_evaluate_with_a_config_measures_what_the_before_after_summary_measures(tmp_path):
     """`evaluate --config configs/quickstart.yaml` uses its eval_samples_per_problem (4) and eval_temperature (1.0)
     and gives the numbers of the before/after code path (BeforeAfterReport) on the same model and problems."""
-    import yaml
-
-    from trl_aspo.report import BeforeAfterReport
-    from trl_aspo.train import build_sync_trainer, load_datasets, parse_config, resolve_functions
-
     output = tmp_path / "evaluation.json"
     overrides = ["--builtin_test_size", "6", "--output_dir", str(tmp_path / "run")]
     status, stdout, stderr, _, _ = run_cli(
@@ -243,6 +238,11 @@ def test_evaluate_with_a_config_measures_what_the_before_after_summary_measures(
     )
     evaluated = json.loads(output.read_text())
     assert evaluated["settings"]["num_samples"] == 4 and evaluated["settings"]["temperature"] == 1.0
+
+    import yaml
+
+    from trl_aspo.report import BeforeAfterReport
+    from trl_aspo.train import build_sync_trainer, load_datasets, parse_config, resolve_functions
 
     config = yaml.safe_load((REPO / "configs/quickstart.yaml").read_text())
     config.pop("env")

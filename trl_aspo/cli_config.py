@@ -268,18 +268,15 @@ def value_problem(field: dict[str, Any], value: Any, where: str) -> str | None:
     return None
 
 
-def check_command_line(
-    argv: list[str], other_flags: tuple[str, ...] = (), table: dict[str, Any] | None = None
-) -> tuple[dict[str, Any], str]:
+def check_command_line(argv: list[str]) -> tuple[dict[str, Any], str]:
     """Check a `trl-aspo train` command line (the `--config` file and the flags) without importing torch.
 
-    Returns (the YAML mapping, the trainer); raises ConfigurationError listing every problem found. `other_flags`
-    are flags the caller's own parser takes (they are not fields)."""
+    Returns (the YAML mapping, the trainer); raises ConfigurationError listing every problem found."""
     problems: list[str] = []
     path = config_path(argv)
     config = read_config(path) if path is not None else {}
     trainer = requested_trainer(argv, config)
-    table = table or field_table()
+    table = field_table()
     if trainer not in table["trainers"]:
         choices = list(table["trainers"])
         raise ConfigurationError(
@@ -327,8 +324,6 @@ def check_command_line(
         index = without_config.index("--config")
         del without_config[index : index + 2]
     for flag, values in flag_values(without_config):
-        if flag in other_flags:
-            continue
         if flag == "":
             problems.append(f"{' '.join(values)!r} (command line): a word without a --flag before it")
             continue

@@ -182,9 +182,7 @@ def check_keys_for_trainer(keys, trainer: str) -> None:
 
 
 def parse_config(config: dict):
-    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file).
-
-    Raises `ConfigurationError` (a ValueError) listing every mistake, as `trl-aspo train` reports them."""
+    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file)."""
     trainer = config.get("trainer", "sync")
     _check_choice("trainer", trainer, TRAINERS)
     check_keys_for_trainer(config, trainer)
@@ -253,7 +251,7 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
     return dataset[script_args.dataset_train_split], test
 
 
-def parse_command_line(argv: list[str], prog: str = "trl-aspo train", return_remaining_strings: bool = False):
+def parse_command_line(argv: list[str]):
     """(script_args, training_args, model_args, dataset_args) of a `trl-aspo train` command line.
 
     Every mistake raises one `ConfigurationError` listing them all: those `check_command_line` finds in the YAML and
@@ -263,10 +261,10 @@ def parse_command_line(argv: list[str], prog: str = "trl-aspo train", return_rem
     if "--config" in without_config:
         index = without_config.index("--config")
         del without_config[index : index + 2]
-    return parse_checked(make_parser(prog=prog, trainer=trainer), config, without_config, return_remaining_strings)
+    return parse_checked(make_parser(prog="trl-aspo train", trainer=trainer), config, without_config)
 
 
-def parse_checked(parser: TrlParser, config: dict, argv: list[str], return_remaining_strings: bool = False):
+def parse_checked(parser: TrlParser, config: dict, argv: list[str]):
     """The dataclasses of an already checked YAML mapping and flags, as TrlParser fills them (the `env:` block sets
     environment variables; flags override the YAML), with argparse's and `__post_init__`'s errors raised as a
     `ConfigurationError` instead of a usage dump or a traceback."""
@@ -282,7 +280,7 @@ def parse_checked(parser: TrlParser, config: dict, argv: list[str], return_remai
 
     parser.error = refuse  # argparse would print every field's usage first, then exit
     try:
-        return parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=return_remaining_strings)
+        return parser.parse_args_into_dataclasses(args=argv)
     except (ValueError, TypeError) as error:
         if isinstance(error, ConfigurationError):
             raise

@@ -92,9 +92,9 @@ def test_dataset_with_missing_prompt_ids_is_refused(tiny_tokenizer, chat_dataset
 @pytest.mark.slow
 def test_training_with_missing_prompt_ids_is_refused(tiny_tokenizer, chat_dataset, tmp_path):
     dataset = chat_dataset.add_column("pid", [None, None, *range(2, 8)])
-    trainer = _trainer(tiny_tokenizer, dataset, tmp_path, prompt_id_column="pid")
-    with pytest.raises(ValueError, match="prompt id column 'pid' holds None"):
-        trainer.train()
+    # Refused when the trainer reads the dataset, naming the first row without an id.
+    with pytest.raises(ValueError, match="dataset row 0: prompt id column 'pid' holds None"):
+        _trainer(tiny_tokenizer, dataset, tmp_path, prompt_id_column="pid")
 
 
 # ---------------------------------------------------------------- item 7: records must match training prompts

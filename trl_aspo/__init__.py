@@ -1,13 +1,16 @@
 """trl-aspo: asymmetric IS loss, tool-position shaping and single-stream value tracking for TRL's GRPOTrainer."""
 
-from .config import ASPOConfig
-from .trainer import ASPOTrainer
-
 __version__ = "0.1.0"
 __all__ = ["ASPOConfig", "ASPOTrainer", "AsyncASPOConfig", "AsyncASPOTrainer", "__version__"]
 
-# Imported on first use: they load TRL's experimental async package, which the synchronous trainer never needs.
-_LAZY = {"AsyncASPOConfig": ".async_config", "AsyncASPOTrainer": ".async_trainer"}
+# Imported on first use: they load torch and TRL (the async ones TRL's experimental package), which the `trl-aspo`
+# command's help and configuration checks never need.
+_LAZY = {
+    "ASPOConfig": ".config",
+    "ASPOTrainer": ".trainer",
+    "AsyncASPOConfig": ".async_config",
+    "AsyncASPOTrainer": ".async_trainer",
+}
 
 
 def __getattr__(name):

@@ -50,7 +50,17 @@ def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def train(argv: list[str]) -> int:
+    # Help and the configuration checks import neither torch nor TRL: they answer in a moment (see cli_config).
+    from .cli_config import ConfigurationError, check_command_line, report, train_help
+
     launch, script_args = split_launch_args(argv)
+    if "-h" in script_args or "--help" in script_args:
+        print(train_help(script_args), end="")
+        return 0
+    try:
+        check_command_line(script_args)
+    except ConfigurationError as error:
+        report("trl-aspo train", error)
     if not launch:
         from .train import main as train_main
 

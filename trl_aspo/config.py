@@ -799,6 +799,16 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
     `advantage_estimator="spo"` or `"spo++"`; with these, `num_generations=1` is allowed.
     """
 
+    # GRPOConfig's field, with a help text that lists the value trl-aspo adds.
+    loss_type: str = field(
+        default="dapo",
+        metadata={
+            "help": "Loss formulation: 'aspo' = trl-aspo's asymmetric IS loss (flipped ratio for positive-advantage "
+            "tokens, one-sided hard clip, soft dual clip; see the aspo_* fields), or one of TRL's: 'grpo', "
+            "'dr_grpo', 'dapo' (default), 'bnpo', 'cispo', 'sapo', 'luspo', 'vespo' (see TRL's GRPOConfig)."
+        },
+    )
+
     def __post_init__(self):
         self._validate_aspo_fields()
         single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1

@@ -3,11 +3,13 @@
     trl-aspo evaluate [--model builtin:tiny-calculator | DIR | HUB_ID] [--config X.yaml] [--num_samples k]
                       [--temperature T] [--split test] [--limit N] [--output FILE.json] [--records] [--key value ...]
 
-`--config` takes the training YAML: the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the
-reward (`reward_funcs`; the one named by `tool_shaping_correct_reward`, else the first, decides correctness), the
-tools and the generation budget (`max_completion_length`, `max_tool_calling_iterations`, `seed`). Any training field
-may follow as `--key value` and overrides the YAML, as in `trl-aspo train`. Without `--config` the built-in task is
-evaluated: the calculator problems, the correctness reward and the calculator tool.
+`--config` takes the training YAML and evaluates exactly as its before/after summary does (`report.heldout_settings`):
+the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the reward (`reward_funcs`; the one named by
+`tool_shaping_correct_reward`, else the first, decides correctness), the tools, `eval_samples_per_problem`,
+`eval_temperature` and the generation budget (`max_completion_length`, `max_tool_calling_iterations`, `seed`).
+`--num_samples` / `--temperature` and any training field given as `--key value` override the YAML, as in
+`trl-aspo train`. Without `--config` the built-in task is evaluated: the calculator problems, the correctness reward
+and the calculator tool, one greedy sample per problem (temperature 1 for several).
 
 Prints a table (accuracy avg@k, pass@k, tool-call rate, mean first-call position, calls per completion, interactive
 turns) and writes it as JSON, by default to `<model dir>/evaluation.json` for a local model, else to
@@ -19,21 +21,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
+from .cli_config import ConfigurationError, check_command_line, missing_path_problem, report
 
-from .builtin import TINY_CALCULATOR, is_builtin, is_builtin_tokenizer_dir, load_builtin, load_tokenizer
-from .train import (
-    BUILTIN_DATASET,
-    BUILTIN_REWARDS,
-    BUILTIN_TOOLS,
-    load_datasets,
-    make_parser,
-    requested_trainer,
-    resolve_callable,
-)
+# `trl_aspo.builtin.TINY_CALCULATOR`, spelled out so that `--help` and the argument checks import no model code.
+DEFAULT_MODEL = "builtin:tiny-calculator"
+PROG = "trl-aspo evaluate"
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
 # a CPU run (placed before the user's flags, which still win).
@@ -63,17 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--model",
-        default=TINY_CALCULATOR,
+        default=DEFAULT_MODEL,
         help="a local model directory (e.g. a training output_dir), a `builtin:` name or a hub id "
         "(default: %(default)s)",
     )
     parser.add_argument("--config", help="the training YAML naming the dataset, reward functions and tools")
-    parser.add_argument("--num_samples", type=int, default=1, help="completions per problem: k of avg@k and pass@k")
+    parser.add_argument(
+        "--num_samples",
+        type=int,
+        help="completions per problem: k of avg@k and pass@k (default: the config's eval_samples_per_problem, else 1)",
+    )
     parser.add_argument(
         "--temperature",
         type=float,
         default=None,
-        help="sampling temperature, 0 = greedy (default: greedy for one sample, 1.0 for several)",
+        help="sampling temperature, 0 = greedy (default: the config's eval_temperature; without a config greedy for "
+        "one sample, 1.0 for several)",
     )
     parser.add_argument("--split", help="dataset split (default: the held-out split, `dataset_test_split`)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N problems of the split")
@@ -86,13 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_model_and_tokenizer(name: str, device: str | torch.device) -> tuple[Any, Any]:
+def load_model_and_tokenizer(name: str, device) -> tuple[Any, Any]:
     """Load a `builtin:` model, a local directory (e.g. `trainer.save_model` output) or a hub id, for evaluation.
 
     Raises ValueError with a message naming `name` when nothing loadable is found there.
     """
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.chat_template_utils import add_response_schema
+
+    from .builtin import is_builtin, is_builtin_tokenizer_dir, load_builtin, load_tokenizer
 
     if is_builtin(name):
         try:
@@ -110,7 +114,11 @@ def load_model_and_tokenizer(name: str, device: str | torch.device) -> tuple[Any
         # The built-in tokenizer must not go through AutoTokenizer, which rebuilds it for qwen2 configs.
         tokenizer = load_tokenizer(path) if is_builtin_tokenizer_dir(path) else AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as error:
-        where = "the local directory" if path.is_dir() else "the Hugging Face Hub"
+        where = (
+            "the local directory"
+            if path.is_dir()
+            else "the Hugging Face Hub (there is no local directory of that name)"
+        )
         raise ValueError(f"--model {name!r}: could not load a causal LM and tokenizer from {where}: {error}") from None
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         # Tool calls are parsed from generated text with the response template, as GRPOTrainer does with `tools=`.
@@ -121,6 +129,8 @@ def load_model_and_tokenizer(name: str, device: str | torch.device) -> tuple[Any
 
 
 def default_output(model: str) -> Path:
+    from .builtin import is_builtin
+
     path = Path(model).expanduser()
     if not is_builtin(model) and path.is_dir():
         return path / "evaluation.json"
@@ -152,6 +162,8 @@ def format_table(metrics: dict[str, Any]) -> str:
 
 def _select_split(script_args, dataset_args, split: str | None):
     """The evaluation split: the built-in task's `train`/`test`, or a named split of any other dataset."""
+    from .train import BUILTIN_DATASET, load_datasets
+
     if script_args.dataset_name == BUILTIN_DATASET:
         split = split or "test"
         if split not in ("train", "test"):
@@ -170,76 +182,94 @@ def _select_split(script_args, dataset_args, split: str | None):
 
 
 def main(argv: list[str]) -> int:
-    from .evaluation import evaluate_tool_use
-
+    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.num_samples < 1:
+    if args.num_samples is not None and args.num_samples < 1:
         parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
-    temperature = args.temperature if args.temperature is not None else (0.0 if args.num_samples == 1 else 1.0)
-    if temperature < 0:
-        parser.error(f"--temperature must be >= 0, got {temperature}")
-
+    if args.temperature is not None and args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    config_args = ["--config", args.config] if args.config else []
     try:
-        config_args = ["--config", args.config] if args.config else []
-        # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
-        config_parser = make_parser(trainer=requested_trainer([*config_args, *rest]))
-        script_args, training_args, _, dataset_args, unknown = config_parser.parse_args_and_config(
-            args=[*_PARSE_AS_CPU, *config_args, *rest], return_remaining_strings=True
+        problems = [missing_path_problem("--model", args.model)]
+        try:
+            config, trainer = check_command_line([*config_args, *rest])
+        except ConfigurationError as error:
+            problems += error.problems
+        if any(problems):
+            raise ConfigurationError([problem for problem in problems if problem])
+
+        import torch
+
+        from .evaluation import evaluate_tool_use
+        from .report import correctness_reward, heldout_settings
+        from .train import (
+            BUILTIN_DATASET,
+            BUILTIN_REWARDS,
+            BUILTIN_TOOLS,
+            make_parser,
+            parse_checked,
+            resolve_functions,
         )
-        if unknown:
-            parser.error(f"unknown arguments: {' '.join(unknown)}")
+
+        # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
+        script_args, training_args, _, dataset_args = parse_checked(
+            make_parser(prog=PROG, trainer=trainer), config, [*_PARSE_AS_CPU, *rest]
+        )
         if args.config is None:
             # No config: the built-in task, complete with its reward and tool.
             script_args.dataset_name = script_args.dataset_name or BUILTIN_DATASET
             if script_args.dataset_name == BUILTIN_DATASET:
                 script_args.reward_funcs = script_args.reward_funcs or list(BUILTIN_REWARDS)
                 script_args.tools = script_args.tools or list(BUILTIN_TOOLS)
-        if not script_args.reward_funcs:
-            raise ValueError(f"set `reward_funcs` (dotted paths or {sorted(BUILTIN_REWARDS)}) to score completions.")
-        reward_funcs = [
-            resolve_callable(name, BUILTIN_REWARDS, "reward_funcs entry") for name in script_args.reward_funcs
-        ]
-        correct_name = training_args.tool_shaping_correct_reward
-        names = [getattr(fn, "__name__", str(fn)) for fn in reward_funcs]
-        if correct_name is not None and correct_name not in names:
-            raise ValueError(f"tool_shaping_correct_reward={correct_name!r} names no reward function of {names}.")
-        reward_fn = reward_funcs[names.index(correct_name) if correct_name is not None else 0]
-        tools = [resolve_callable(name, BUILTIN_TOOLS, "tools entry") for name in script_args.tools or []]
+        reward_funcs, tools = resolve_functions(script_args)
+        reward_fn = correctness_reward(reward_funcs, training_args)
+    except ConfigurationError as error:
+        report(PROG, error)
+    except ValueError as error:
+        report(PROG, ConfigurationError([str(error)]))
+    # With a config, the run's own before/after settings (eval_samples_per_problem, eval_temperature); flags win.
+    num_samples = args.num_samples or script_args.eval_samples_per_problem
+    temperature = args.temperature
+    if temperature is None:
+        from_config = args.config is not None or any(word.startswith("--eval_temperature") for word in rest)
+        temperature = script_args.eval_temperature if from_config or num_samples == 1 else 1.0
+    try:
         split, dataset = _select_split(script_args, dataset_args, args.split)
         if args.limit is not None:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_model_and_tokenizer(args.model, device)
     except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
-
+        report(PROG, ConfigurationError([str(error)]))
+    settings = heldout_settings(training_args, num_samples, temperature)
+    print(
+        f"Evaluating {args.model} on {script_args.dataset_name} [{split}]: {len(dataset)} problems x {num_samples} "
+        f"sample(s), temperature {temperature}, max_completion_length {settings['max_completion_length']}, "
+        f"max_tool_calling_iterations {settings['max_tool_calls']}, seed {settings['seed']}."
+    )
     results = evaluate_tool_use(
         model,
         tokenizer,
         dataset,
         reward_fn,
         tools,
-        num_samples=args.num_samples,
-        temperature=temperature,
-        max_completion_length=training_args.max_completion_length,
-        max_tool_calls=training_args.max_tool_calling_iterations,
         batch_size=args.batch_size,
         success_threshold=args.success_threshold,
-        call_opener=training_args.tool_call_opener,
-        seed=training_args.seed,
+        **settings,
     )
     records = results.pop("records")
-    report = {
+    written = {
         "model": args.model,
         "dataset": script_args.dataset_name,
         "split": split,
         "settings": {
-            "num_samples": args.num_samples,
+            "num_samples": num_samples,
             "temperature": temperature,
             "limit": args.limit,
             "max_completion_length": training_args.max_completion_length,
@@ -252,14 +282,14 @@ def main(argv: list[str]) -> int:
         "metrics": results,
     }
     if args.records:
-        report["records"] = records
+        written["records"] = records
 
     output = Path(args.output) if args.output else default_output(args.model)
     output.parent.mkdir(parents=True, exist_ok=True)
     # `default=str` keeps the dump alive for tool results or dataset columns that JSON cannot represent.
-    output.write_text(json.dumps(json_ready(report), indent=2, default=str) + "\n")
+    output.write_text(json.dumps(json_ready(written), indent=2, default=str) + "\n")
     print(
         f"\n{args.model} on {script_args.dataset_name} [{split}], {results['num_problems']} problems x "
-        f"{args.num_samples} sample(s), temperature {temperature}:\n{format_table(results)}\n\nWritten to {output}."
+        f"{num_samples} sample(s), temperature {temperature}:\n{format_table(results)}\n\nWritten to {output}."
     )
     return 0

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from .cli_config import ConfigurationError, report
 from .plotting import plot_comparison
 
 EXPERIMENT_KEYS = {
@@ -504,6 +505,8 @@ def compare_main(argv: list[str]) -> int:
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/experiments/tool_shaping.yaml")
     parser.add_argument("--output_dir", help="override the file's output_dir")
     args = parser.parse_args(argv)
+    if not Path(args.config).expanduser().is_file():
+        report("trl-aspo compare", ConfigurationError([f"--config {args.config!r}: no such file"]))
     try:
         experiment = load_experiment(args.config)
     except ValueError as error:
@@ -529,6 +532,9 @@ def plot_main(argv: list[str]) -> int:
         parser.error(f"--labels: {len(args.labels)} labels for {len(args.run_dirs)} RUN_DIRs")
     if args.smoothing < 1:
         parser.error(f"--smoothing must be >= 1, got {args.smoothing}")
+    missing = [f"RUN_DIR {run_dir!r}: no such directory" for run_dir in args.run_dirs if not Path(run_dir).is_dir()]
+    if missing:
+        report("trl-aspo plot", ConfigurationError(missing))
     labels = args.labels or [Path(run_dir).resolve().name for run_dir in args.run_dirs]
     groups: dict[str, list[dict]] = {}
     try:

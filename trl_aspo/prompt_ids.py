@@ -50,6 +50,18 @@ def prompt_id_key(value: Any, column: str) -> str:
     return str(value)
 
 
+def column_prompt_keys(values: Sequence[Any], column: str) -> list[str]:
+    """`prompt_id_key` of every value of a dataset's `column`, in row order; the error names the first bad row, so
+    a dataset is checked whole when it is read rather than when that row is first drawn."""
+    keys = []
+    for row, value in enumerate(values):
+        try:
+            keys.append(prompt_id_key(value, column))
+        except ValueError as error:
+            raise ValueError(f"dataset row {row}: {error}") from None
+    return keys
+
+
 def _without_none_fields(prompt: Any) -> Any:
     if isinstance(prompt, Mapping):
         return {key: _without_none_fields(value) for key, value in prompt.items() if value is not None}

@@ -31,6 +31,33 @@ def format_summary(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
+def correctness_reward(reward_funcs, args):
+    """The reward function that decides correctness in a held-out evaluation: the one `tool_shaping_correct_reward`
+    names, else the first."""
+    names = [getattr(function, "__name__", str(function)) for function in reward_funcs]
+    name = getattr(args, "tool_shaping_correct_reward", None)
+    if name is None:
+        return reward_funcs[0]
+    if name not in names:
+        raise ValueError(f"tool_shaping_correct_reward={name!r} names no reward function of {names}.")
+    return reward_funcs[names.index(name)]
+
+
+def heldout_settings(args, samples_per_problem: int, temperature: float) -> dict:
+    """The `evaluate_tool_use` settings of a held-out evaluation of a run configured by `args` (its training config):
+    the one definition shared by the before/after summary of `trl-aspo train` and `trl-aspo evaluate --config`, so
+    both measure the same thing. Generation follows the run's `max_completion_length`,
+    `max_tool_calling_iterations`, `tool_call_opener` and `seed`."""
+    return {
+        "num_samples": samples_per_problem,
+        "temperature": temperature,
+        "max_completion_length": args.max_completion_length,
+        "max_tool_calls": args.max_tool_calling_iterations,
+        "call_opener": args.tool_call_opener,
+        "seed": args.seed,
+    }
+
+
 @contextlib.contextmanager
 def generation_attention(model):
     """Run generation with standard attention ('sdpa') on a model set up for TRL's packed tree attention (the
@@ -49,14 +76,13 @@ def generation_attention(model):
 class BeforeAfterReport:
     """Evaluates the trainer's model on the held-out split before and after training (main process only).
 
-    The first reward function decides correctness; sampling settings follow the training config's
-    `max_completion_length` and `max_tool_calling_iterations`."""
+    `correctness_reward` decides correctness; the settings are `heldout_settings` of the training config."""
 
     def __init__(self, trainer, dataset, reward_funcs, tools, samples_per_problem: int = 1, temperature: float = 0.0):
         if dataset is None:
             raise ValueError("evaluate_before_after needs a held-out split (dataset_test_split or the built-in task).")
         self.trainer, self.dataset, self.tools = trainer, dataset, tools
-        self.reward_fn = reward_funcs[0]
+        self.reward_fn = correctness_reward(reward_funcs, trainer.args)
         self.samples_per_problem, self.temperature = samples_per_problem, temperature
         self.results: dict[str, dict] = {}
 
@@ -71,11 +97,7 @@ class BeforeAfterReport:
                     self.dataset,
                     self.reward_fn,
                     self.tools,
-                    num_samples=self.samples_per_problem,
-                    temperature=self.temperature,
-                    max_completion_length=args.max_completion_length,
-                    max_tool_calls=args.max_tool_calling_iterations,
-                    seed=args.seed,
+                    **heldout_settings(args, self.samples_per_problem, self.temperature),
                 )
             summary.pop("records")
             self.results[label] = summary

@@ -34,7 +34,7 @@ import torch
 from .event_values import AsyncEventValues
 from .losses import progressive_flip_threshold
 from .normalize import batch_normalize, token_measure_normalize
-from .prompt_ids import prompt_id_key, prompt_key, prompt_match_key
+from .prompt_ids import column_prompt_keys, prompt_key, prompt_match_key
 from .shaping import CallablePenalty, InteractiveTurnBonus, ShapingHook, is_correct, shaping_stats, tool_position_bias
 from .tracker import EventValueTracker, VisitValueTracker
 from .value_init import read_init_records
@@ -92,7 +92,7 @@ def dataset_prompt_keys(dataset, args) -> list[str]:
                 f"{_field(args, 'prompt_id_column')}={column!r} is not a dataset column; columns: "
                 f"{dataset.column_names}."
             )
-        return [prompt_id_key(value, column) for value in dataset[column]]
+        return column_prompt_keys(dataset[column], column)
     return [prompt_key(prompt) for prompt in dataset["prompt"]]
 
 

@@ -13,6 +13,7 @@ config's `dtype` and `model_init_kwargs`).
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import sys
 import warnings
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
 
+from .cli_config import ConfigurationError, check_command_line, config_path, read_config, report
+from .cli_config import requested_trainer as _requested_trainer
 from .config import ASPOConfig
 
 TRAINERS = {
@@ -146,29 +149,21 @@ def make_parser(prog: str | None = None, trainer: str = "sync") -> TrlParser:
 
 
 def config_file(argv: list[str]) -> dict | None:
-    """The mapping of the `--config` YAML of a command line; None without one (or unreadable: TrlParser says why)."""
-    if "--config" not in argv or argv.index("--config") + 1 >= len(argv):
+    """The mapping of the `--config` YAML of a command line; None without one (or unreadable: the checks say why)."""
+    path = config_path(argv)
+    if not path:
         return None
-    import yaml
-
     try:
-        with open(argv[argv.index("--config") + 1]) as handle:
-            config = yaml.safe_load(handle)
-    except OSError:
+        return read_config(path)
+    except ConfigurationError:
         return None
-    return config if isinstance(config, dict) else None
 
 
 def requested_trainer(argv: list[str]) -> str:
     """The `trainer` a command line asks for: its `--trainer` flag, else the `--config` YAML's key, else 'sync'.
 
     Read before parsing, because it decides which config class parses everything else."""
-    for index, arg in enumerate(argv):
-        if arg == "--trainer" and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--trainer="):
-            return arg.split("=", 1)[1]
-    return (config_file(argv) or {}).get("trainer", "sync")
+    return _requested_trainer(argv, config_file(argv))
 
 
 def check_keys_for_trainer(keys, trainer: str) -> None:
@@ -206,9 +201,33 @@ def resolve_callable(name: str, builtins: dict[str, str], what: str):
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
-        return getattr(importlib.import_module(module_name), attribute)
+        function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"{what} {name!r} could not be imported: {error}") from None
+    if not callable(function):
+        raise ValueError(f"{what} {name!r} is a {type(function).__name__} ({function!r}), not a function.")
+    return function
+
+
+def resolve_functions(script_args) -> tuple[list, list]:
+    """(reward_funcs, tools) of the script arguments, imported; `ConfigurationError` listing every entry that is
+    missing, cannot be imported or is not a function, before any model loads."""
+    problems = []
+    if not script_args.reward_funcs:
+        problems.append(f"reward_funcs: not set; give dotted import paths or built-in names {sorted(BUILTIN_REWARDS)}")
+    resolved: dict[str, list] = {"reward_funcs": [], "tools": []}
+    for what, names, builtins in (
+        ("reward_funcs", script_args.reward_funcs or [], BUILTIN_REWARDS),
+        ("tools", script_args.tools or [], BUILTIN_TOOLS),
+    ):
+        for name in names:
+            try:
+                resolved[what].append(resolve_callable(name, builtins, f"{what} entry"))
+            except ValueError as error:
+                problems.append(str(error))
+    if problems:
+        raise ConfigurationError(problems)
+    return resolved["reward_funcs"], resolved["tools"]
 
 
 def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixtureConfig):
@@ -233,18 +252,60 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
 
 
 def parse_command_line(argv: list[str]):
-    """(script_args, training_args, model_args, dataset_args) of a `trl-aspo train` command line."""
-    trainer = requested_trainer(argv)
-    _check_choice("trainer", trainer, TRAINERS)
-    check_keys_for_trainer(config_file(argv) or {}, trainer)
-    return make_parser(prog="trl-aspo train", trainer=trainer).parse_args_and_config(args=argv)
+    """(script_args, training_args, model_args, dataset_args) of a `trl-aspo train` command line.
+
+    Every mistake raises one `ConfigurationError` listing them all: those `check_command_line` finds in the YAML and
+    the flags, then a value the dataclasses' own validation refuses."""
+    config, trainer = check_command_line(argv)
+    without_config = list(argv)
+    if "--config" in without_config:
+        index = without_config.index("--config")
+        del without_config[index : index + 2]
+    return parse_checked(make_parser(prog="trl-aspo train", trainer=trainer), config, without_config)
+
+
+def parse_checked(parser: TrlParser, config: dict, argv: list[str]):
+    """The dataclasses of an already checked YAML mapping and flags, as TrlParser fills them (the `env:` block sets
+    environment variables; flags override the YAML), with argparse's and `__post_init__`'s errors raised as a
+    `ConfigurationError` instead of a usage dump or a traceback."""
+    config = dict(config)
+    for key, value in (config.pop("env", None) or {}).items():
+        os.environ[key] = str(value)
+    remaining = parser.set_defaults_with_config(**config)
+    if remaining:
+        raise ConfigurationError([f"unknown keys: {remaining[::2]}"])
+
+    def refuse(message: str):
+        raise ConfigurationError([message])
+
+    parser.error = refuse  # argparse would print every field's usage first, then exit
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, ConfigurationError):
+            raise
+        raise ConfigurationError([" ".join(str(error).split())]) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
-    run(*parse_command_line(argv))
+    if "-h" in argv or "--help" in argv:
+        from .cli_config import train_help
+
+        print(train_help(argv), end="")
+        return
+    try:
+        parsed = parse_command_line(argv)
+        if not parsed[2].model_name_or_path:
+            raise ConfigurationError(
+                ["model_name_or_path: not set; give a local model directory, a hub id or 'builtin:tiny-calculator'"]
+            )
+        functions = resolve_functions(parsed[0])
+    except ConfigurationError as error:
+        report("trl-aspo train", error)
+    run(*parsed, functions=functions)
 
 
 def run(
@@ -253,22 +314,23 @@ def run(
     model_args,
     dataset_args: DatasetMixtureConfig,
     callbacks: list | None = None,
+    functions: tuple[list, list] | None = None,
 ):
-    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given."""
+    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given;
+    `functions` are the (reward_funcs, tools) `resolve_functions` returned, resolved here when not given."""
     from transformers.trainer_callback import ProgressCallback
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
-    if not script_args.reward_funcs:
-        raise ValueError(f"Set `reward_funcs`: dotted import paths or built-in names {sorted(BUILTIN_REWARDS)}.")
-    reward_funcs = [resolve_callable(name, BUILTIN_REWARDS, "reward_funcs entry") for name in script_args.reward_funcs]
-    tools = [resolve_callable(name, BUILTIN_TOOLS, "tools entry") for name in script_args.tools or []]
+    reward_funcs, tools = functions if functions is not None else resolve_functions(script_args)
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
 
     if script_args.trainer == "async":
         trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
     else:
         trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
+    if training_args.max_steps <= 0 or getattr(trainer, "_epoch_stop_groups", None) is not None:
+        trainer.accelerator.print(training_length_message(trainer, train_dataset))
     if callbacks:
         trainer.remove_callback(ProgressCallback)
         for callback in callbacks:
@@ -299,6 +361,37 @@ def run(
         trainer.accelerator.print(f"Training curves saved to {path}.")
     trainer.accelerator.wait_for_everyone()
     return trainer
+
+
+def training_length_message(trainer, train_dataset) -> str:
+    """What a run without a positive `max_steps` trains (transformers reads max_steps=-1 as "num_train_epochs
+    epochs"), said once at the start.
+
+    The synchronous trainer's optimizer steps per epoch follow from its sampler: an epoch has
+    R = floor(N / P) generation rounds of P = generation_batch_size / num_generations prompts, each round is
+    trained for num_iterations * steps_per_generation micro-batches, so
+
+        steps = ceil(num_train_epochs * max(1, ceil(R * num_iterations * steps_per_generation / grad_accum)))
+
+    as `Trainer.set_initial_training_values` computes it. The asynchronous trainer stops after
+    ceil(num_train_epochs * N) prompt groups instead (its max_steps is then only a ceiling)."""
+    args = trainer.args
+    epochs, prompts = args.num_train_epochs, len(train_dataset)
+    stop_groups = getattr(trainer, "_epoch_stop_groups", None)
+    if stop_groups is not None:
+        return (
+            f"max_steps is not set: training num_train_epochs={epochs:g} epochs over {prompts} prompts, i.e. until "
+            f"{stop_groups} prompt groups have been trained (max_steps={args.max_steps} is only a ceiling)."
+        )
+    prompts_per_round = args.generation_batch_size // args.num_generations
+    rounds = prompts // prompts_per_round
+    micro_batches = rounds * args.num_iterations * args.steps_per_generation
+    per_epoch = max(math.ceil(micro_batches / args.gradient_accumulation_steps), 1)
+    return (
+        f"max_steps={args.max_steps}: training num_train_epochs={epochs:g} epochs over {prompts} prompts "
+        f"({rounds} generation rounds of {prompts_per_round} prompts per epoch) = "
+        f"{math.ceil(epochs * per_epoch)} optimizer steps."
+    )
 
 
 def build_sync_trainer(

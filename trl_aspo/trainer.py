@@ -158,6 +158,9 @@ class ASPOTrainer(GRPOTrainer):
                 "ASPOConfig.prioritized_sampling needs a map-style `datasets.Dataset`: an iterable dataset streams "
                 "its rows in order and cannot be drawn from by priority."
             )
+        if args.prompt_id_column is not None and hasattr(self.train_dataset, "column_names"):
+            # Every row's id, checked now (as the asynchronous trainer does), not when a bad row is first drawn.
+            dataset_prompt_keys(self.train_dataset, args)
         self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
         self._value_event = 0
         self._pending_visit = None

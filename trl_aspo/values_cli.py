@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
-from .checkpoint_state import STATE_JSON, load_checkpoint_state
-from .tracker import EventValueTracker, VisitValueTracker
+from .cli_config import ConfigurationError, report
 
 
 def load_value_state(checkpoint_dir: str) -> dict[str, Any]:
     """The trl-aspo state saved in `checkpoint_dir` (tracker, event counter, sampler), validated and never unpickled;
     the one place this command reads a checkpoint."""
+    from .checkpoint_state import STATE_JSON, load_checkpoint_state
+
     try:
         return load_checkpoint_state(checkpoint_dir)
     except FileNotFoundError:
@@ -30,6 +32,8 @@ def load_value_state(checkpoint_dir: str) -> dict[str, Any]:
 
 def value_records(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per tracked prompt (sorted by key) from a saved trl-aspo state."""
+    from .tracker import EventValueTracker, VisitValueTracker
+
     tracker_state = state.get("tracker")
     if tracker_state is None:
         raise ValueError(
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="a checkpoint directory saved by ASPOTrainer (output_dir/checkpoint-N)")
     parser.add_argument("--output", default="values.jsonl", help="where to write the records (default values.jsonl)")
     args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.expanduser(args.checkpoint)):
+        report("trl-aspo values", ConfigurationError([f"CHECKPOINT {args.checkpoint!r}: no such directory"]))
     try:
         records = value_records(load_value_state(args.checkpoint))
     except ValueError as error:

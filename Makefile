@@ -52,7 +52,7 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
 install-vllm: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/vllm
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/vllm_tier
 
 # Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.
 .PHONY: gpu-wheels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -9,6 +10,9 @@ from tiny_fields import tiny_run_fields
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The vLLM tier needs vLLM's CPU build, which only the environment of `make test-vllm` has.
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_tier"]
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-pytest.importorskip("vllm", reason="the vLLM tier runs in the environment `make install-vllm` builds")
-
 SERVER_START_TIMEOUT_S = 600
 
 

@@ -365,3 +365,27 @@ def test_the_trainers_processes_are_out_of_reach_in_the_sandbox():
         pytest.skip("without a PID namespace the trainer's processes are reachable (documented)")
     source = "import os\nparent = os.getppid()\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())"
     assert code_unit_test_reward([_program(source)], [["assert parent == 0 and pids[0] == 1"]], timeout=5.0) == [1.0]
+
+
+def test_without_namespaces_the_rest_of_the_sandbox_still_holds(tmp_path, monkeypatch):
+    """Machines where `unshare` does not work unprivileged: no failure, and the harness, the fresh directory, the
+    minimal environment and the limits still apply."""
+    monkeypatch.setattr(rewards, "sandbox_isolates_network", lambda: False)
+    monkeypatch.setenv("ASPO_TEST_SECRET_API_KEY", "sk-do-not-leak")
+    monkeypatch.chdir(tmp_path)
+    probe = "import os, resource\nenv = dict(os.environ)\nhere = os.getcwd()"
+    checks = [
+        "assert 'ASPO_TEST_SECRET_API_KEY' not in env",
+        f"assert here != {str(tmp_path)!r}",
+        "assert resource.getrlimit(resource.RLIMIT_AS) == (2**29, 2**29)",
+    ]
+    programs = [_program(probe), _program("import sys\nsys.exit(0)"), _program(ADD)]
+    rows = [["import resource", *checks], ADD_TESTS, ADD_TESTS]
+    assert code_unit_test_reward(programs, rows, timeout=5.0, memory_limit_mb=512) == [1.0, 0.0, 1.0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_long_tests_reach_the_harness():
+    """The payload goes through a file, not a pipe the parent would have to feed while the child runs."""
+    tests = [f"assert add({i}, 1) == {i + 1}" for i in range(5000)]  # about 130 kB
+    assert code_unit_test_reward([_program(ADD)], [tests], timeout=20.0) == [1.0]

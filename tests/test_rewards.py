@@ -139,6 +139,35 @@ EXITS_BEFORE_THE_TESTS = {
         os.write(frame.f_locals["proof_fd"], frame.f_locals["nonce"])
         os._exit(0)
     """,
+    "steals the nonce in a signal handler's frame": """
+        import os, signal
+        def steal(number, frame):
+            while frame is not None:
+                if "nonce" in frame.f_locals:
+                    os.write(frame.f_locals["proof_fd"], frame.f_locals["nonce"])
+                    os._exit(0)
+                frame = frame.f_back
+        signal.signal(signal.SIGUSR1, steal)
+        os.kill(os.getpid(), signal.SIGUSR1)
+    """,
+    "announces the end of the tests itself": "import sys\nsys.audit('aspo.tests_done')\nsys.exit(0)",
+    "rebinds exec so the tests do not run": "import builtins\nbuiltins.exec = lambda *args, **kwargs: None",
+    "rebinds the harness's names": """
+        import builtins, __main__
+        builtins.all, builtins.list = (lambda items: True), int
+        __main__._INTROSPECTION = frozenset()
+        class Anything:
+            def __eq__(self, other):
+                return True
+        def add(a, b):
+            return [Anything()]
+    """,
+    "reads its memory through a /proc alias": """
+        import os
+        os.symlink("/proc/self/mem", "memory")
+        os.path.realpath = lambda path: "/tmp/elsewhere"
+        open("memory", "rb")
+    """,
     "reads stdin": "import os, sys\nos.write(3, sys.stdin.buffer.read())\nos._exit(0)",
     "equal to everything": """
         class Anything:

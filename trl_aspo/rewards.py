@@ -51,21 +51,25 @@ def code_unit_test_reward(
     harness also calls `check(<entry_point>)`, which the HumanEval tests define but never call; tests that define
     `check` without an `entry_point` are refused (every program would pass them).
 
-    **Passing.** A harness (`unit_test_harness.py`) runs the solution, then the tests, and only then writes a random
-    nonce, which the parent sent on stdin, to a pipe of its own; the reward is 1.0 only when that pipe holds the
-    nonce. Defended: any exit before the tests end (`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`, a signal,
+    **Passing.** A harness (`unit_test_harness.py`) runs the solution, then the tests, and only then has a random
+    nonce, which the parent sent on stdin, written to a pipe of its own; the reward is 1.0 only when that pipe holds
+    the nonce. Defended: any exit before the tests end (`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`, a signal,
     killing itself or its parent, `atexit` handlers, an exception) scores 0.0 whatever the exit code; so does
-    printing or writing a fake success, since the nonce is not in the program text, argv, the environment, any file
-    or stdin (read and replaced by /dev/null before the solution starts), and the frame and heap routes to it
-    (`sys._getframe`, traceback and generator frames, `gc` walks, tracing, ctypes, /proc files) raise ValueError
-    through an audit hook no code can remove. The tests are compiled before the solution runs and see a pristine copy
-    of the builtins (`builtins.len = ...` does not reach them), and none of the solution's top-level names that
-    shadow a builtin except `entry_point`; in an assert, `a == b` and `a != b` fail when an operand, or an element
-    of a list/tuple/set/dict operand, has equality written in Python that the other operand's type does not share
-    (an object equal to everything). Not defended: rebinding attributes of modules the tests use
-    (`math.isclose = ...`), truthiness of custom objects in a bare `assert x`, legitimate results whose Python-level
-    equality differs in type from the expected value (a `Fraction` result for an `int`), and reading the harness's
-    memory by routes the hook misses (a path alias of /proc/self/mem, a child process reading it).
+    printing or writing a fake success (to stdout, a patched `print`/`sys.stdout`, or every file descriptor), since
+    the nonce is in no program text, argv, environment variable, file or frame: stdin is read and replaced by
+    /dev/null before the solution starts, and the nonce lives only in an audit hook that no code can remove or
+    reach, which writes it when the harness's own frame announces the end of the tests. The hook also refuses (with
+    ValueError) `sys._getframe`, traceback and generator frames, `gc` walks, tracing, ctypes and opening any file on
+    /proc. Everything the harness calls after the solution started was bound before (rebinding `builtins.exec`, the
+    harness module's names or the builtins changes nothing). The tests are compiled before the solution runs and see
+    a pristine copy of the builtins (`builtins.len = ...` does not reach them), and none of the solution's top-level
+    names that shadow a builtin except `entry_point`; in an `assert` statement, `a == b` and `a != b` fail when an
+    operand, or an element of a list/tuple/set/dict operand, has equality written in Python that the other operand's
+    type does not share (an object equal to everything). Not defended: rebinding attributes of modules the tests use
+    (`math.isclose = ...`), truthiness of custom objects in a bare `assert x`, `unittest`-style assertion methods,
+    legitimate results whose Python-level equality differs in type from the expected value (a `Fraction` result for
+    an `int`), races with the solution's own threads, and a child process reading the harness's memory (as the same
+    user, or as root in its namespace, the kernel allows it).
 
     **Isolation.** Each program runs as `python -I` in a fresh temporary directory (its working directory, removed
     afterwards, so it cannot touch the trainer's folder by relative paths) with a minimal environment (PATH, HOME and

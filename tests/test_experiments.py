@@ -170,6 +170,49 @@ def test_plot_reads_a_plain_trl_grpo_run(tmp_path, tiny_model, tiny_tokenizer, c
     assert figure.stat().st_size > 0
 
 
+class _OpensAFile:
+    """Unpickling this creates `path`: the stand-in for a crafted `training_args.bin` that runs a command."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_plot_never_unpickles_training_args_of_a_run_folder(tmp_path):
+    """Issue 17 item 7: a folder without a compare summary used to have its `training_args.bin` unpickled with
+    `weights_only=False`; now the batch size comes from `trainer_state.json` and the pickle is never opened."""
+    import torch
+
+    from trl_aspo.cli import main
+    from trl_aspo.experiments import load_run
+
+    run_dir = tmp_path / "handed_over"
+    checkpoint = run_dir / "checkpoint-3"
+    checkpoint.mkdir(parents=True)
+    history = [{"step": step, "reward": 0.1 * step, "loss": 0.0} for step in (1, 2, 3)]
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"log_history": history, "train_batch_size": 6}))
+    marker = tmp_path / "command_ran"
+    torch.save(_OpensAFile(str(marker)), checkpoint / "training_args.bin")
+    run = load_run(str(run_dir))
+    assert run["completions_per_step"] == 6
+    assert main(["plot", str(run_dir), "--output", str(tmp_path / "plot.png")]) == 0
+    assert not marker.exists()
+    torch.load(checkpoint / "training_args.bin", weights_only=False)  # the file is live: loading it runs the payload
+    assert marker.exists()
+
+
+def test_plot_names_a_bad_batch_size(tmp_path):
+    from trl_aspo.experiments import load_run
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [], "train_batch_size": "six"}))
+    with pytest.raises(ValueError, match=r"trainer_state.json: train_batch_size must be a positive integer"):
+        load_run(str(tmp_path))
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    assert load_run(str(tmp_path))["completions_per_step"] is None  # no number: the figure falls back to steps
+
+
 def test_plot_names_a_folder_without_a_log(tmp_path):
     from trl_aspo.cli import main
 

@@ -9,6 +9,9 @@ stored as two files inside the checkpoint folder:
 Both are written to a temporary file first and moved into place with `os.replace`, the JSON last: a checkpoint has a
 state only once its JSON exists, and a reader never sees half a file. Reading validates the structure and names the
 file in every error. Nothing is unpickled: a legacy `aspo_state.pt` is read with `torch.load(weights_only=True)` only.
+Every part a resume restores is checked on load with the rules its owner applies on the way in: the value tracker by
+its kind's check (`check_event_tracker_state`, `check_visit_tracker_state`, `check_async_event_values_state`), SPO's
+stored visits (token ids, masks, finite log-probs) and the sampler's counters.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+
+from .event_values import check_async_event_values_state
+from .tracker import check_event_tracker_state, check_visit_tracker_state
 
 STATE_JSON = "aspo_state.json"
 STATE_TENSORS = "aspo_state.safetensors"
@@ -90,18 +96,22 @@ def checkpoint_state_file(checkpoint_dir: str) -> str | None:
     return None
 
 
-def _join(value: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
+def _join(value: Any, tensors: dict[str, torch.Tensor], where: str, field: str = "") -> Any:
+    """`value` with its tensors put back; `field` is its place (`tracker.state['a'][0]`) for error messages."""
     if isinstance(value, dict):
         if set(value) == {_TENSOR_MARKER}:
             path = value[_TENSOR_MARKER]
             if path not in tensors:
                 raise ValueError(f"{where} refers to tensor {path!r}, which {STATE_TENSORS} does not hold.")
             return tensors[path]
-        return {key: _join(item, tensors, where) for key, item in value.items()}
+        return {
+            key: _join(item, tensors, where, f"{field}[{key!r}]" if "." in field else f"{field}.{key}".lstrip("."))
+            for key, item in value.items()
+        }
     if isinstance(value, list):
-        return [_join(item, tensors, where) for item in value]
+        return [_join(item, tensors, where, f"{field}[{index}]") for index, item in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where} holds the non-finite number {value!r}; a saved state is always finite.")
+        raise ValueError(f"{where}: {field} holds the non-finite number {value!r}; a saved state is always finite.")
     return value
 
 
@@ -154,15 +164,81 @@ def _check_counters(state: dict[str, Any], path: str) -> None:
             raise ValueError(f"checkpoint state {path}: {name} must be an object, got {type(state[name]).__name__}.")
 
 
+def _check_tracker(state: dict[str, Any], path: str) -> None:
+    """The tracker's own load check by its `type`, the SPO++ events bounded by the trainer's event counter."""
+    tracker = state.get("tracker")
+    if tracker is None:
+        return
+    checks = {
+        "EventValueTracker": lambda t: check_event_tracker_state(t, max_event=state["value_event"]),
+        "VisitValueTracker": check_visit_tracker_state,
+        "AsyncEventValues": check_async_event_values_state,
+    }
+    kind = tracker.get("type")
+    if kind not in checks:
+        raise ValueError(f"checkpoint state {path}: tracker.type must be one of {sorted(checks)}, got {kind!r}.")
+    try:
+        checks[kind](tracker)
+    except ValueError as error:
+        raise ValueError(f"checkpoint state {path}: {error}") from None
+
+
+def _check_visit_store(state: dict[str, Any], path: str) -> None:
+    """SPO's stored visit per prompt: 1-D token ids >= 0, an action mask of the completion's length, and finite
+    log-probs of that length (the drift D of the next visit reads them)."""
+    store = state.get("visit_store")
+    if store is None:
+        return
+    if not isinstance(store, dict):
+        raise ValueError(f"checkpoint state {path}: visit_store must be an object, got {type(store).__name__}.")
+    for key, visit in store.items():
+        where = f"checkpoint state {path}: visit_store of prompt key {key!r}"
+        if not isinstance(visit, dict):
+            raise ValueError(f"{where} must be an object, got {type(visit).__name__}.")
+        for name in ("prompt_ids", "completion_ids", "action_mask"):
+            if not isinstance(visit.get(name), torch.Tensor) or visit[name].dim() != 1:
+                raise ValueError(f"{where}: {name} must be a 1-D tensor, got {visit.get(name)!r:.60}.")
+        length = len(visit["completion_ids"])
+        for name in ("prompt_ids", "completion_ids"):
+            ids = visit[name]
+            if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or (ids < 0).any():
+                raise ValueError(f"{where}: {name} must hold token ids (integers >= 0).")
+        if len(visit["action_mask"]) != length:
+            raise ValueError(f"{where}: action_mask has {len(visit['action_mask'])} entries for {length} tokens.")
+        logps = visit.get("logps")
+        if logps is not None:
+            if not isinstance(logps, torch.Tensor) or not logps.is_floating_point() or logps.shape != (length,):
+                raise ValueError(f"{where}: logps must be a float tensor of shape ({length},), got {logps!r:.60}.")
+            if not torch.isfinite(logps).all():
+                raise ValueError(f"{where}: logps must be finite.")
+        if not isinstance(visit.get("multimodal", {}), dict):
+            raise ValueError(f"{where}: multimodal must be an object.")
+
+
+def _check_sampler(state: dict[str, Any], path: str) -> None:
+    sampler = state.get("sampler")
+    if sampler is None:
+        return
+    for name, minimum in (("round", 0), ("seed", None)):
+        value = sampler.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+            bound = " >= 0" if minimum is not None else ""
+            raise ValueError(f"checkpoint state {path}: sampler.{name} must be an integer{bound}, got {value!r}.")
+
+
 def load_checkpoint_state(checkpoint_dir: str) -> dict[str, Any]:
     """The trainer state saved in `checkpoint_dir`: `value_event`, `aspo_kl_coef`, and where present `tracker`,
     `sampler` (each class's own `state_dict()`) and `config` (the fields a resume compares).
 
     Raises `FileNotFoundError` when the folder holds no state and `ValueError` naming the file when a state file is
-    truncated, corrupt, not a trl-aspo state, or holds a counter of the wrong type or range or a non-finite number."""
+    truncated, corrupt, not a trl-aspo state, or holds a counter of the wrong type or range, a non-finite number,
+    or a tracker, stored visit or sampler state that its own checks refuse (naming the field and the prompt key)."""
     path = checkpoint_state_file(checkpoint_dir)
     if path is None:
         raise FileNotFoundError(f"{checkpoint_dir} holds no trl-aspo state ({STATE_JSON}).")
     state = _load_json_state(path) if path.endswith(".json") else _load_legacy_state(path)
     _check_counters(state, path)
+    _check_tracker(state, path)
+    _check_visit_store(state, path)
+    _check_sampler(state, path)
     return state

@@ -31,7 +31,67 @@ from typing import Any
 
 import torch
 
-from .tracker import PRIOR_ALPHA, PRIOR_BETA, Numbers, _jeffreys_prior, _validate_pseudo_counts, _validate_rewards
+from .tracker import (
+    MAX_COUNT,
+    PRIOR_ALPHA,
+    PRIOR_BETA,
+    Numbers,
+    _jeffreys_prior,
+    _mapping,
+    _validate_pseudo_counts,
+    _validate_rewards,
+    check_entry,
+    check_event,
+    check_pseudo_counts,
+    check_reward,
+    check_rho,
+    check_visits,
+)
+
+
+def check_async_event_values_state(state_dict: dict[str, Any], where: str = "tracker") -> None:
+    """Validate an `AsyncEventValues.state_dict()` before it is restored, with the checks its methods apply on the
+    way in: rho in (0, 1]; an integer horizon; per key a prior `[alpha_0, beta_0, version]` as `set_pseudo_counts`
+    accepts; a folded aggregate `[a, b, version]` (one of a, b may be 0 after long forgetting, not both) older than
+    the horizon; window outcomes `[version, reward]` with a reward in [0, 1] at or after the horizon; integer
+    versions and visits in [0, 2**53]. Raises ValueError naming `where`, the field and the prompt key."""
+    if state_dict.get("type") != "AsyncEventValues":
+        raise ValueError(f"{where} is not an AsyncEventValues state (type={state_dict.get('type')!r}).")
+    check_rho(state_dict, where)
+    horizon = state_dict.get("horizon")
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or not 0 <= horizon <= MAX_COUNT:
+        raise ValueError(f"{where}.horizon must be an integer in [0, {MAX_COUNT}], got {horizon!r}.")
+    priors = _mapping(state_dict, "prior", where)
+    for key, entry in priors.items():
+        alpha, beta, version = check_entry(entry, f"{where}.prior", key, ("alpha", "beta", "version"))
+        check_pseudo_counts(alpha, beta, f"{where}.prior", key)
+        check_event(version, f"{where}.prior", key, "version")
+    for field in ("folded", "window"):
+        for key in _mapping(state_dict, field, where):
+            if key not in priors:
+                raise ValueError(f"{where}.{field} of prompt key {key!r}: the key has no entry in {where}.prior.")
+    for key, entry in _mapping(state_dict, "folded", where).items():
+        a, b, version = check_entry(entry, f"{where}.folded", key, ("a", "b", "version"))
+        check_pseudo_counts(a, b, f"{where}.folded", key)
+        check_event(version, f"{where}.folded", key, "version")
+        if version >= horizon:
+            raise ValueError(
+                f"{where}.folded of prompt key {key!r}: version {version} must be older than the horizon {horizon} "
+                "(only outcomes older than the horizon are folded)."
+            )
+    for key, outcomes in _mapping(state_dict, "window", where).items():
+        if not isinstance(outcomes, list):
+            raise ValueError(f"{where}.window of prompt key {key!r} must be a list, got {type(outcomes).__name__}.")
+        for outcome in outcomes:
+            version, reward = check_entry(outcome, f"{where}.window", key, ("version", "reward"))
+            check_event(version, f"{where}.window", key, "version")
+            if version < horizon:
+                raise ValueError(
+                    f"{where}.window of prompt key {key!r}: version {version} is older than the horizon {horizon} "
+                    "(such outcomes are folded)."
+                )
+            check_reward(reward, f"{where}.window", key)
+    check_visits(state_dict, where, required=True)
 
 
 def _check_version(version: int, name: str = "version") -> int:
@@ -196,9 +256,8 @@ class AsyncEventValues:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state produced by :meth:`state_dict` exactly."""
-        if state_dict.get("type") != "AsyncEventValues":
-            raise ValueError(f"not an AsyncEventValues state (type={state_dict.get('type')!r}).")
+        """Restore a state produced by :meth:`state_dict` exactly, after `check_async_event_values_state`."""
+        check_async_event_values_state(state_dict)
         self.rho = float(state_dict["rho"])
         self.horizon = int(state_dict["horizon"])
         self._prior = {k: [float(a), float(b), int(z)] for k, (a, b, z) in state_dict["prior"].items()}

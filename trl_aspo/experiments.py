@@ -450,12 +450,26 @@ def as_plot_run(summary: dict) -> dict:
     }
 
 
+def logged_batch_size(trainer_state: dict, path: Path) -> int | None:
+    """`train_batch_size` of a `trainer_state.json` (transformers writes the per-process micro-batch there), or
+    None when the file has none (an older transformers, or a run that never started training)."""
+    size = trainer_state.get("train_batch_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"{path}: train_batch_size must be a positive integer, got {size!r}")
+    return size
+
+
 def load_run(run_dir: str) -> dict:
     """A run for `plot_comparison` from any TRL output folder (or one of its checkpoints).
 
     The log history is `trainer_state.json` in the folder, else in its latest `checkpoint-*`. Completions per step
-    come from a compare run's summary or the saved `training_args.bin` (one process assumed); held-out accuracy
-    from a compare run's summary or `summary.json` of `trl-aspo train` with `evaluate_before_after`."""
+    come from a compare run's summary, else from `train_batch_size` in that `trainer_state.json` (one process, one
+    gradient accumulation step and one iteration per generation assumed: TRL's defaults). Nothing is unpickled:
+    `training_args.bin` is a pickle, and unpickling a file from a folder someone handed over runs their code.
+    Held-out accuracy comes from a compare run's summary or `summary.json` of `trl-aspo train` with
+    `evaluate_before_after`."""
     folder = Path(run_dir)
     state = folder / "trainer_state.json"
     if not state.exists():
@@ -463,8 +477,12 @@ def load_run(run_dir: str) -> dict:
         if not checkpoints:
             raise ValueError(f"{run_dir}: no trainer_state.json in the folder or in a checkpoint-* subfolder")
         state = checkpoints[-1]
-    history = json.loads(state.read_text()).get("log_history", [])
-    run = {"history": history, "completions_per_step": None, "heldout": {}}
+    trainer_state = json.loads(state.read_text())
+    run = {
+        "history": trainer_state.get("log_history", []),
+        "completions_per_step": logged_batch_size(trainer_state, state),
+        "heldout": {},
+    }
     summary_path = folder / SUMMARY_FILE
     if summary_path.exists():
         run.update(
@@ -475,14 +493,6 @@ def load_run(run_dir: str) -> dict:
             }
         )
         return run
-    args_path = state.parent / "training_args.bin"
-    if args_path.exists():
-        import torch
-
-        try:
-            run["completions_per_step"] = completions_per_step(torch.load(args_path, weights_only=False))
-        except Exception:  # noqa: BLE001 - args pickled by another library version: fall back to optimizer steps
-            run["completions_per_step"] = None
     before_after = folder / "summary.json"
     if before_after.exists():
         evaluated = json.loads(before_after.read_text())

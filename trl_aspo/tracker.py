@@ -114,6 +114,117 @@ def _validate_pseudo_counts(keys: Sequence[str], alphas: Numbers, betas: Numbers
     return alpha_list, beta_list
 
 
+# A bound on any stored count or event: integers above 2**53 are not exact in float64, and no run gets near it.
+MAX_COUNT = 2**53
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _mapping(state_dict: dict[str, Any], field: str, where: str, required: bool = True) -> dict[str, Any]:
+    """`state_dict[field]` as a dict with string keys (an empty one when an optional field is absent)."""
+    if field not in state_dict:
+        if required:
+            raise ValueError(f"{where}.{field} is missing.")
+        return {}
+    value = state_dict[field]
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{where}.{field} must map prompt keys (strings) to entries, got {type(value).__name__}.")
+    return value
+
+
+def check_entry(entry: Any, field: str, key: str, names: tuple[str, ...]) -> list:
+    """`entry` as a list of len(names) items, or ValueError naming the field and the prompt key."""
+    if not isinstance(entry, list | tuple) or len(entry) != len(names):
+        raise ValueError(f"{field} of prompt key {key!r} must be [{', '.join(names)}], got {entry!r:.80}.")
+    return list(entry)
+
+
+def check_pseudo_counts(alpha: Any, beta: Any, field: str, key: str) -> None:
+    """The rule of `set_pseudo_counts`: finite, >= 0 and not both 0 (one may underflow to 0 after long forgetting,
+    never both: the prior or the newest outcome keeps the sum positive), so the value lies in [0, 1]."""
+    if not (_is_number(alpha) and _is_number(beta)) or not (
+        math.isfinite(alpha) and math.isfinite(beta) and alpha >= 0 and beta >= 0 and alpha + beta > 0
+    ):
+        raise ValueError(
+            f"{field} of prompt key {key!r}: pseudo-counts alpha={alpha!r}, beta={beta!r} must be finite numbers, "
+            ">= 0 and not both 0."
+        )
+
+
+def check_event(value: Any, field: str, key: str, name: str = "event", maximum: int = MAX_COUNT) -> None:
+    if not _is_count(value) or value > maximum:
+        raise ValueError(f"{field} of prompt key {key!r}: {name} must be an integer in [0, {maximum}], got {value!r}.")
+
+
+def check_reward(value: Any, field: str, key: str) -> None:
+    """The rule of `observe`: a reward is a number in [0, 1]."""
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{field} of prompt key {key!r}: reward {value!r} must be a number in [0, 1].")
+
+
+def check_visits(state_dict: dict[str, Any], where: str, required: bool) -> None:
+    for key, count in _mapping(state_dict, "visits", where, required).items():
+        if not _is_count(count):
+            raise ValueError(
+                f"{where}.visits of prompt key {key!r} must be an integer in [0, {MAX_COUNT}], got {count!r}."
+            )
+
+
+def check_rho(state_dict: dict[str, Any], where: str) -> None:
+    rho = state_dict.get("rho")
+    if not _is_number(rho) or not 0.0 < rho <= 1.0:
+        raise ValueError(f"{where}.rho must be a number in (0, 1], got {rho!r}.")
+
+
+def check_event_tracker_state(state_dict: dict[str, Any], where: str = "tracker", max_event: int = MAX_COUNT) -> None:
+    """Validate an `EventValueTracker.state_dict()` before it is restored, with the checks its methods apply on the
+    way in: rho in (0, 1]; per key `[alpha, beta, event]` with pseudo-counts as `set_pseudo_counts` accepts and an
+    integer event <= `max_event` (the trainer's event counter); pending outcomes `[event, reward]` with a reward in
+    [0, 1] and an event after the key's reference event (the representation; an earlier one would age by rho^-k)
+    and <= `max_event`; visits integers in [0, 2**53]. Raises ValueError naming `where`, the field and the key."""
+    if state_dict.get("type") != "EventValueTracker":
+        raise ValueError(f"{where} is not an EventValueTracker state (type={state_dict.get('type')!r}).")
+    check_rho(state_dict, where)
+    entries = _mapping(state_dict, "state", where)
+    for key, entry in entries.items():
+        alpha, beta, event = check_entry(entry, f"{where}.state", key, ("alpha", "beta", "event"))
+        check_pseudo_counts(alpha, beta, f"{where}.state", key)
+        check_event(event, f"{where}.state", key, maximum=max_event)
+    for key, outcomes in _mapping(state_dict, "pending", where).items():
+        if key not in entries:
+            raise ValueError(f"{where}.pending of prompt key {key!r}: the key has no entry in {where}.state.")
+        if not isinstance(outcomes, list):
+            raise ValueError(f"{where}.pending of prompt key {key!r} must be a list, got {type(outcomes).__name__}.")
+        for outcome in outcomes:
+            event, reward = check_entry(outcome, f"{where}.pending", key, ("event", "reward"))
+            check_event(event, f"{where}.pending", key, maximum=max_event)
+            if event <= entries[key][2]:
+                raise ValueError(
+                    f"{where}.pending of prompt key {key!r}: outcome event {event} must be later than the key's "
+                    f"reference event {entries[key][2]}."
+                )
+            check_reward(reward, f"{where}.pending", key)
+    check_visits(state_dict, where, required=False)
+
+
+def check_visit_tracker_state(state_dict: dict[str, Any], where: str = "tracker") -> None:
+    """Validate a `VisitValueTracker.state_dict()` before it is restored: per key `[alpha, beta]` as
+    `set_pseudo_counts` accepts, visits integers in [0, 2**53]. Raises ValueError naming `where`, the field and the
+    prompt key."""
+    if state_dict.get("type") != "VisitValueTracker":
+        raise ValueError(f"{where} is not a VisitValueTracker state (type={state_dict.get('type')!r}).")
+    for key, entry in _mapping(state_dict, "state", where).items():
+        alpha, beta = check_entry(entry, f"{where}.state", key, ("alpha", "beta"))
+        check_pseudo_counts(alpha, beta, f"{where}.state", key)
+    check_visits(state_dict, where, required=False)
+
+
 def default_prior_strength(rho: float) -> float:
     """Default prior pseudo-count ``N0 = 1 / (1 - rho)`` (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870).
 
@@ -323,9 +434,9 @@ class EventValueTracker:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state produced by :meth:`state_dict` exactly (replacing the current state)."""
-        if state_dict.get("type") != "EventValueTracker":
-            raise ValueError(f"not an EventValueTracker state (type={state_dict.get('type')!r}).")
+        """Restore a state produced by :meth:`state_dict` exactly (replacing the current state), after the checks of
+        the tracker's own methods (ValueError naming the field and the prompt key)."""
+        check_event_tracker_state(state_dict)
         self.rho = _validate_rho(state_dict["rho"])
         self._state = {k: [float(a), float(b), int(e)] for k, (a, b, e) in state_dict["state"].items()}
         self._pending = {k: [[int(z), float(r)] for z, r in p] for k, p in state_dict["pending"].items()}
@@ -400,9 +511,9 @@ class VisitValueTracker:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state produced by :meth:`state_dict` exactly (replacing the current state)."""
-        if state_dict.get("type") != "VisitValueTracker":
-            raise ValueError(f"not a VisitValueTracker state (type={state_dict.get('type')!r}).")
+        """Restore a state produced by :meth:`state_dict` exactly (replacing the current state), after the checks of
+        the tracker's own methods (ValueError naming the field and the prompt key)."""
+        check_visit_tracker_state(state_dict)
         self._state = {k: [float(a), float(b)] for k, (a, b) in state_dict["state"].items()}
         self._visits = {k: int(n) for k, n in state_dict.get("visits", {}).items()}
 

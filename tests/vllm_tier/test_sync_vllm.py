@@ -100,3 +100,72 @@ def test_three_methods_train_with_the_tool_and_reach_the_engine(vllm_server, tmp
     # After the optimizer steps and a weight sync the engine scores a completion as the policy does (float32).
     assert result["completion_length"] > 0
     assert result["logprob_gap"] <= LOGPROB_TOLERANCE
+
+
+def test_vllm_correction_multiplies_the_asymmetric_term(vllm_server, tmp_path, monkeypatch):
+    """In a server-mode run with TRL's correction on and a second pass over each batch (so r != 1): the flip's old
+    policy is the trainer's recomputation, and the per-token loss that is aggregated is `c * aspo term`, with
+    `c = min(exp(lp_old - lp_vllm), 3)` computed here from the batch."""
+    from dense_reward import digit_share_reward
+    from transformers import AutoModelForCausalLM
+
+    import trl_aspo.trainer as aspo_trainer
+    from trl_aspo import ASPOConfig, ASPOTrainer
+    from trl_aspo.builtin import load_tokenizer
+    from trl_aspo.builtin.task import make_dataset
+
+    calls = {"aspo": [], "aggregate": [], "inputs": []}
+    asymmetric_policy_loss, aggregate_loss = aspo_trainer.asymmetric_policy_loss, aspo_trainer.aggregate_loss
+
+    def recording_aspo(per_token_logps, old_per_token_logps, advantages, **kwargs):
+        per_token_loss, stats = asymmetric_policy_loss(per_token_logps, old_per_token_logps, advantages, **kwargs)
+        calls["aspo"].append((old_per_token_logps.detach(), per_token_loss.detach(), stats["ratio"]))
+        return per_token_loss, stats
+
+    def recording_aggregate(per_token_loss, *args, **kwargs):
+        calls["aggregate"].append(per_token_loss.detach())
+        return aggregate_loss(per_token_loss, *args, **kwargs)
+
+    class RecordingTrainer(ASPOTrainer):
+        def _compute_aspo_loss(self, model, inputs):
+            calls["inputs"].append({key: value for key, value in inputs.items() if isinstance(value, torch.Tensor)})
+            return super()._compute_aspo_loss(model, inputs)
+
+    monkeypatch.setattr(aspo_trainer, "asymmetric_policy_loss", recording_aspo)
+    monkeypatch.setattr(aspo_trainer, "aggregate_loss", recording_aggregate)
+    fields = _fields(
+        tmp_path,
+        "corrected",
+        "server",
+        vllm_server.url,
+        max_steps=2,
+        num_iterations=2,
+        loss_type="aspo",
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=3.0,
+    )
+    tokenizer = load_tokenizer(CHECKPOINT_DIR)
+    trainer = RecordingTrainer(
+        model=AutoModelForCausalLM.from_pretrained(str(CHECKPOINT_DIR), dtype=torch.float32),
+        reward_funcs=[digit_share_reward],
+        args=ASPOConfig(**fields),
+        train_dataset=make_dataset("train", 32, seed=0),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+
+    assert len(calls["inputs"]) == 2 and len(calls["aspo"]) == 2 and len(calls["aggregate"]) == 2
+    off_policy = 0
+    for inputs, (old, aspo_term, ratio), aggregated in zip(
+        calls["inputs"], calls["aspo"], calls["aggregate"], strict=True
+    ):
+        mask = inputs["completion_mask"].bool()
+        correction = torch.exp(inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).clamp(max=3.0)
+        torch.testing.assert_close(inputs["importance_sampling_ratio"][mask], correction[mask])
+        torch.testing.assert_close(old, inputs["old_per_token_logps"])  # the flip's old policy: the recomputation
+        torch.testing.assert_close(aggregated[mask], (aspo_term * correction)[mask])
+        off_policy += int((ratio[mask] - 1).abs().max() > 1e-6)
+    assert off_policy >= 1  # the second pass over a batch saw r != 1, so the flip acted under the correction
+    for key in ("sampling/importance_sampling_ratio/mean", "aspo/flip_weight_mean"):
+        assert any(key in row for row in trainer.state.log_history), key

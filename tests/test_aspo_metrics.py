@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trl_aspo.aspo_metrics import ASPO_TOKEN_STATS, aspo_metric_ratios, aspo_metric_sums, reduce_ratio_metrics
+from trl_aspo.builtin.task import correctness_reward
 
 
 def _micro_batch(flip_weights: list[float], tokens: int, hard_clipped: int):
@@ -86,3 +87,20 @@ def test_asynchronous_trainer_logs_window_ratios():
     for name, value in EXPECTED.items():
         assert _reduce_metric(name, metrics[name]) == pytest.approx(value), name
     assert _reduce_metric("policy_loss", metrics["policy_loss"]) == pytest.approx(2.0)
+
+
+def test_single_stream_logs_zero_advantage_share_and_not_frac_reward_zero_std(
+    tiny_model, tiny_tokenizer, calculator_dataset, tiny_config
+):
+    """With one completion per prompt every TRL group has one member, so `frac_reward_zero_std` would read 1.0 on
+    every step: it is left out, and `zero_advantage_share` says which completions carry no signal."""
+    from trl_aspo import ASPOTrainer
+
+    args = tiny_config(advantage_estimator="spo++", num_generations=1, max_steps=2, max_completion_length=8)
+    trainer = ASPOTrainer(
+        tiny_model, [correctness_reward], args, train_dataset=calculator_dataset, processing_class=tiny_tokenizer
+    )
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2
+    assert all("frac_reward_zero_std" not in row and 0.0 <= row["zero_advantage_share"] <= 1.0 for row in rows)

@@ -71,15 +71,15 @@ def test_single_stream_state_identical_on_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("steps_per_generation", [1, 2])
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, steps_per_generation):
+@pytest.mark.parametrize(("steps_per_generation", "aggregation"), [(1, "token"), (2, "token"), (2, "sequence")])
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, steps_per_generation, aggregation):
     """8 prompts per round as 2 ranks x 4 or 1 x 8, greedy decoding, one optimizer step per round.
 
     The gathered round is laid out in the same order, so tracker and advantages are the same; with one optimizer
     step per round (gradient_accumulation_steps = steps_per_generation) each step sums the gradient over the same
-    completions, so the models stay equal too."""
+    completions, with every token (or every completion) of the step weighing the same, so the models stay equal."""
     per_round = {"gradient_accumulation_steps": steps_per_generation, "steps_per_generation": steps_per_generation}
-    common = {"top_k": 1, "max_steps": 3, **per_round}
+    common = {"top_k": 1, "max_steps": 3, "aspo_aggregation": aggregation, **per_round}
     local = 4 // steps_per_generation
     two = _launch(tmp_path, "spo++", "two", {**common, "per_device_train_batch_size": local})
     (one,) = _launch(tmp_path, "spo++", "one", {**common, "per_device_train_batch_size": 2 * local}, processes=1)

@@ -138,8 +138,8 @@ class _PackedSample(NamedTuple):
 
 class ToolMetricsDataset(torch.utils.data.IterableDataset):
     """Yields the rollout items unchanged and logs the synchronous trainer's `tools/*` metrics
-    (`trl_aspo.tool_metrics.tool_call_metrics`) over each optimizer step's `step_size` items, as that trainer does
-    over each generation round."""
+    (`trl_aspo.tool_metrics.tool_call_metrics`) over every `step_size` items (one optimizer step's with fixed-count
+    batches), as that trainer does over each generation round."""
 
     def __init__(self, dataset, trainer: AsyncASPOTrainer, step_size: int):
         self.dataset = dataset

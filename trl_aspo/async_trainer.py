@@ -129,7 +129,7 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
             pending, dropped = [], 0
 
 
-class _PackedSample(NamedTuple):
+class _RolloutTokens(NamedTuple):
     """The fields of a rollout item that `AsyncASPOTrainer._tool_statistics` reads (a `RolloutSample` has them)."""
 
     input_ids: object
@@ -149,7 +149,7 @@ class ToolMetricsDataset(torch.utils.data.IterableDataset):
     def __iter__(self):
         pending = []
         for item in self.dataset:
-            pending.append(_PackedSample(item["input_ids"], item["completion_mask"]))
+            pending.append(_RolloutTokens(item["input_ids"], item["completion_mask"]))
             if len(pending) == self.step_size:
                 statistics, _ = self.trainer._tool_statistics(pending)
                 for name, value in tool_call_metrics(*statistics.unbind(dim=1)).items():
@@ -178,14 +178,11 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         }
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         # The rollout worker runs the tools of these arguments (TRL's worker; the CLI hands the same to its local one).
-        tool_sources = (self._prepass_inputs["tools"], self._prepass_inputs["environment_factory"])
-        warn_if_tool_shaping_runs_no_tools(
-            self.args, "tools= or environment_factory=", bool(tool_sources[0]) or tool_sources[1] is not None
-        )
+        runs_tools = bool(self._prepass_inputs["tools"]) or self._prepass_inputs["environment_factory"] is not None
+        warn_if_tool_shaping_runs_no_tools(self.args, "tools= or environment_factory=", runs_tools)
         self._scorer = StepScorer(self.args, self.train_dataset)
         # As the synchronous trainer: tool metrics when tools run, a pattern detects calls, or shaping reads them.
-        self._logs_tool_metrics = self.args.tool_shaping or self.args.tool_call_pattern is not None
-        self._logs_tool_metrics = self._logs_tool_metrics or bool(tool_sources[0]) or tool_sources[1] is not None
+        self._logs_tool_metrics = runs_tools or self.args.tool_shaping or self.args.tool_call_pattern is not None
         self._call_token_ids = self._whitespace_token_ids = []
         if self._logs_tool_metrics and self.args.tool_call_pattern is None:
             self._call_token_ids = resolve_call_token_ids(self.processing_class, self.args.tool_call_opener)

@@ -11,6 +11,7 @@ from trl_aspo.losses import (
     entropy_split_mask,
     progressive_flip_threshold,
     repetition_rate,
+    step_loss_normalizer,
     unflipped_sample_mask,
 )
 
@@ -335,8 +336,44 @@ def test_aggregate_loss_hand_numbers():
     assert aggregate_loss(loss, mask, "sequence").item() == pytest.approx((1.5 + 4.0) / 2)
     with pytest.raises(ValueError, match="aggregation"):
         aggregate_loss(loss, mask, "dapo")
-    with pytest.raises(ValueError, match="normalizer"):
-        aggregate_loss(loss, mask, "sequence", normalizer=2.0)
+    assert aggregate_loss(loss, mask, "sequence", normalizer=4.0).item() == pytest.approx((1.5 + 4.0) / 4)
+
+
+def _step_weights(micro_batches, aggregation):
+    """Gradient weight of every token of one optimizer step: `micro_batches[m][r]` is the per-completion token
+    counts of rank r's micro-batch m. Each rank's loss uses `step_loss_normalizer` over the whole step; DDP averages
+    the ranks' gradients and accumulation sums the micro-batches, as in training."""
+    world = len(micro_batches[0])
+    units = [count for batch in micro_batches for rank in batch for count in rank]
+    step_units = sum(units) if aggregation == "token" else len(units)
+    values, total = [], 0.0
+    for batch in micro_batches:
+        for counts in batch:
+            mask = torch.zeros(len(counts), max(counts))
+            for row, count in enumerate(counts):
+                mask[row, :count] = 1
+            per_token = torch.zeros_like(mask, requires_grad=True)
+            total = total + aggregate_loss(per_token, mask, aggregation, step_loss_normalizer(step_units, world))
+            values.append((per_token, mask))
+    (total / world).backward()
+    return [per_token.grad[mask.bool()].tolist() for per_token, mask in values]
+
+
+def test_sequence_aggregation_weighs_every_completion_of_the_step_alike():
+    # TRL's batcher gives rank 0 one long completion and rank 1 seven short ones: each weighs 1/8 of the step
+    # (a per-rank mean averaged by DDP gave 0.5 and 0.5/7 = 0.071).
+    long, shorts = _step_weights([[[12], [2] * 7]], "sequence")
+    assert sum(long) == pytest.approx(0.125)
+    assert [sum(shorts[2 * i : 2 * i + 2]) for i in range(7)] == pytest.approx([0.125] * 7)
+
+
+def test_token_aggregation_weighs_every_token_of_the_step_alike():
+    # Two micro-batches of 10 and 30 action tokens on one rank: every token weighs 1/40 = 0.025 (a per-micro-batch
+    # mean halved for two accumulation steps gave 0.05 and 0.0167); the same over two ranks with unequal shares.
+    first, second = _step_weights([[[4, 6]], [[30]]], "token")
+    assert first + second == pytest.approx([0.025] * 40)
+    weights = _step_weights([[[4, 6], [1]], [[29], [2, 3]]], "token")
+    assert [w for rank in weights for w in rank] == pytest.approx([1 / 45] * 45)
 
 
 def test_repetition_rate_hand_example():

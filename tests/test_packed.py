@@ -30,3 +30,11 @@ def test_empty_batch():
 def test_bad_layouts_are_refused(segment_id):
     with pytest.raises(ValueError, match="segment_id"):
         SegmentRows(torch.tensor(segment_id))
+
+
+def test_loss_units_count_targets_and_samples_with_targets():
+    from trl_aspo.packed import packed_loss_units
+
+    # Sample 1 has no target (only tool output or prompt): it is no completion of the loss.
+    assert packed_loss_units(torch.tensor([0, 0, 0, 2, 2])).tolist() == [5.0, 2.0]
+    assert packed_loss_units(torch.zeros(0, dtype=torch.long)).tolist() == [0.0, 0.0]

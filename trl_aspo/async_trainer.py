@@ -26,6 +26,7 @@ import collections
 import inspect
 import logging
 import math
+from typing import NamedTuple
 
 import torch
 from datasets import Dataset
@@ -33,6 +34,7 @@ from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .advantage_checks import advantage_sources, check_finite_advantages
+from .aspo_metrics import aspo_metric_ratios, aspo_metric_sums
 from .async_config import AsyncASPOConfig
 from .async_infra.fallbacks import install_cpu_fallbacks
 from .async_infra.local_worker import LocalRolloutWorker, LocalWorkerResumeMixin
@@ -44,9 +46,10 @@ from .losses import (
     aggregate_loss,
     asymmetric_policy_loss,
     entropy_split_mask,
+    step_loss_normalizer,
     unflipped_sample_mask,
 )
-from .packed import SegmentRows
+from .packed import SegmentRows, packed_loss_units
 from .prompt_ids import prompt_key
 from .prompt_stream import PromptDispatches, PromptPriorities, attach_prompt_priorities, attach_rollout_tracking
 from .report import generation_attention
@@ -62,18 +65,18 @@ from .single_stream import (
     restore_tracker,
     resume_settings,
     tracker_rewards,
+    warn_if_tool_shaping_runs_no_tools,
 )
 from .tool_metrics import (
     first_tool_call_positions,
     regex_tool_call_positions,
     resolve_call_token_ids,
     resolve_whitespace_token_ids,
+    tool_call_metrics,
 )
 from .vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
 
 logger = logging.getLogger(__name__)
-
-ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
 
 
 def _conversation_id(sample) -> tuple[int, str] | object:
@@ -133,6 +136,35 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
             pending, dropped = [], 0
 
 
+class _RolloutTokens(NamedTuple):
+    """The fields of a rollout item that `AsyncASPOTrainer._tool_statistics` reads (a `RolloutSample` has them)."""
+
+    input_ids: object
+    completion_mask: object
+
+
+class ToolMetricsDataset(torch.utils.data.IterableDataset):
+    """Yields the rollout items unchanged and logs the synchronous trainer's `tools/*` metrics
+    (`trl_aspo.tool_metrics.tool_call_metrics`) over every `step_size` items (one optimizer step's with fixed-count
+    batches), as that trainer does over each generation round."""
+
+    def __init__(self, dataset, trainer: AsyncASPOTrainer, step_size: int):
+        self.dataset = dataset
+        self.trainer = trainer
+        self.step_size = step_size
+
+    def __iter__(self):
+        pending = []
+        for item in self.dataset:
+            pending.append(_RolloutTokens(item["input_ids"], item["completion_mask"]))
+            if len(pending) == self.step_size:
+                statistics, _ = self.trainer._tool_statistics(pending)
+                for name, value in tool_call_metrics(*statistics.unbind(dim=1)).items():
+                    self.trainer._metrics["train"][f"tools/{name}"].append(value)
+                pending = []
+            yield item
+
+
 class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
@@ -167,9 +199,14 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)
             self.weight_transfer.trained_dtype = str(policy.dtype).removeprefix("torch.")
+        # The rollout worker runs the tools of these arguments (TRL's worker; the CLI hands the same to its local one).
+        runs_tools = bool(self._prepass_inputs["tools"]) or self._prepass_inputs["environment_factory"] is not None
+        warn_if_tool_shaping_runs_no_tools(self.args, "tools= or environment_factory=", runs_tools)
         self._scorer = StepScorer(self.args, self.train_dataset)
+        # As the synchronous trainer: tool metrics when tools run, a pattern detects calls, or shaping reads them.
+        self._logs_tool_metrics = runs_tools or self.args.tool_shaping or self.args.tool_call_pattern is not None
         self._call_token_ids = self._whitespace_token_ids = []
-        if self.args.tool_shaping and self.args.tool_call_pattern is None:
+        if self._logs_tool_metrics and self.args.tool_call_pattern is None:
             self._call_token_ids = resolve_call_token_ids(self.processing_class, self.args.tool_call_opener)
             self._whitespace_token_ids = resolve_whitespace_token_ids(self.processing_class)
         self._shaping_hooks = make_shaping_hooks(self.args)
@@ -317,8 +354,14 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
     def get_train_dataloader(self):
         """TRL's dataloader; with trainer-side scoring, its fixed-count batcher reads `StepScoringDataset` (the
         only hook: TRL builds the rollout dataset and the batcher inside this method)."""
-        if not self.args.scores_on_trainer or not self.accelerator.is_main_process:
+        if not self.accelerator.is_main_process:
             return super().get_train_dataloader()
+        step_size = self.args.per_device_train_batch_size * self.accelerator.num_processes
+        step_size *= self.args.gradient_accumulation_steps
+        if not self.args.scores_on_trainer:
+            dataloader = super().get_train_dataloader()
+            self._log_tool_metrics_of(dataloader.dataset, step_size)
+            return dataloader
         recorder = _RecordingQueue(self.rollout_queue)
         self.rollout_queue = recorder
         try:
@@ -326,10 +369,15 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         finally:
             self.rollout_queue = recorder.queue
         batcher = dataloader.dataset
-        step_size = self.args.per_device_train_batch_size * self.accelerator.num_processes
-        step_size *= self.args.gradient_accumulation_steps
         batcher.dataset = StepScoringDataset(batcher.dataset, recorder, self, step_size)
+        self._log_tool_metrics_of(batcher, step_size)
         return dataloader
+
+    def _log_tool_metrics_of(self, batcher, step_size: int) -> None:
+        """Have the batcher's source log `tools/*` per optimizer step (after trainer-side scoring, so on the trained
+        samples) when tool metrics apply."""
+        if self._logs_tool_metrics:
+            batcher.dataset = ToolMetricsDataset(batcher.dataset, self, step_size)
 
     def _score_step(self, samples) -> torch.Tensor:
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
@@ -577,29 +625,32 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             unflipped_mask=unflipped,
             **aspo_loss_options(args, self.state.global_step),
         )
-        if args.aspo_aggregation == "token":
-            # TRL's normalization: a token mean over the optimizer step's micro-batch across ranks (DDP averages).
-            tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
-            loss = aggregate_loss(per_token_loss, rows.mask, "token", tokens_per_rank.to(per_token_loss.dtype))
-        else:
-            loss = aggregate_loss(per_token_loss, rows.mask, "sequence")
-        loss = loss / self.current_gradient_accumulation_steps
+        # Every action token (or completion) of the optimizer step weighs the same across ranks and micro-batches.
+        units = self._aspo_step_units[0 if args.aspo_aggregation == "token" else 1]
+        normalizer = step_loss_normalizer(units, self.accelerator.num_processes).to(per_token_loss)
+        loss = aggregate_loss(per_token_loss, rows.mask, args.aspo_aggregation, normalizer)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
-        self._log_aspo_metrics(
-            {name: value[rows.mask] for name, value in stats.items()}, per_token_loss.detach()[rows.mask]
-        )
+        self._log_aspo_metrics(stats, rows.mask, per_token_loss.detach())
         return loss
 
-    def _log_aspo_metrics(self, stats: dict[str, torch.Tensor], per_token_loss: torch.Tensor) -> None:
-        """The synchronous trainer's aspo/* shares of action tokens, summed over ranks."""
-        columns = [stats[name].float().sum() for name in ASPO_TOKEN_STATS]
-        columns += [stats["flip_weight"].float().sum(), per_token_loss.float().sum()]
-        columns.append(torch.tensor(float(per_token_loss.numel()), device=per_token_loss.device))
-        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum")
-        tokens = totals[-1].clamp(min=1.0)
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """`Trainer.get_batch_samples` (one optimizer step's micro-batches), also counting the step's action tokens
+        and completions over all its micro-batches and ranks for `aspo_aggregation` (`_aspo_step_units`)."""
+        batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.args.loss_type == "aspo":
+            local = [packed_loss_units(batch["segment_id"][batch["token_index"] >= 0]) for batch in batch_samples]
+            local = torch.stack(local).sum(0) if local else torch.zeros(2)
+            self._aspo_step_units = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum")
+        return batch_samples, num_items_in_batch
+
+    def _log_aspo_metrics(self, stats: dict[str, torch.Tensor], mask: torch.Tensor, per_token_loss: torch.Tensor):
+        """The synchronous trainer's `aspo/*` ratios over the logging window (trl_aspo.aspo_metrics), and
+        `policy_loss`, the token mean of the per-token loss, summed over ranks (TRL reduces the pairs)."""
+        columns = torch.cat([aspo_metric_sums(stats, mask), (per_token_loss * mask).sum().float().view(1)])
+        totals = self.accelerator.reduce(columns, reduction="sum").tolist()
         metrics = self._metrics["train"]
-        for index, name in enumerate(ASPO_TOKEN_STATS):
-            metrics[f"aspo/{name}_frac"].append((totals[index] / tokens).item())
-        metrics["aspo/flip_weight_mean"].append((totals[5] / totals[4].clamp(min=1.0)).item())
-        metrics["policy_loss"].append((totals[6] / tokens).item())
+        for name, pair in aspo_metric_ratios(totals[:-1]).items():
+            metrics[name].append(pair)
+        if totals[-2] > 0:
+            metrics["policy_loss"].append((totals[-1], totals[-2]))

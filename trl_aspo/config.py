@@ -343,9 +343,12 @@ class ASPOFieldsMixin:
     aspo_aggregation: str = field(
         default="token",
         metadata={
-            "help": "How the aspo loss turns per-token terms into one number: 'token' = mean over every action token "
-            "of the generation batch (TRL's 'dapo' normalizer), 'sequence' = mean over completions of each "
-            "completion's token mean (TRL's 'grpo').",
+            "help": "How the aspo loss turns per-token terms into one number per optimizer step, over all its "
+            "micro-batches and ranks: 'token' = every action token weighs the same (the summed token losses divided "
+            "by the step's action tokens; the synchronous trainer uses TRL's 'dapo' normalizer, the generation "
+            "batch's action tokens per optimizer step, which is the step's own count when steps_per_generation = "
+            "gradient_accumulation_steps), 'sequence' = every completion weighs the same (the sum of each "
+            "completion's token mean divided by the step's completions, TRL's 'grpo').",
             "choices": list(ASPO_AGGREGATIONS),
         },
     )

@@ -333,11 +333,11 @@ def aggregate_loss(
 ) -> torch.Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
-    - ``"token"``: ``sum(loss * mask) / normalizer``. The trainer passes TRL's ``dapo`` normalizer (global token
-      count of the generation batch scaled to one accumulation window), so every token weighs the same across
-      micro-batches and ranks; ``None`` uses the local token count (TRL ``bnpo``).
-    - ``"sequence"``: mean over completions of each completion's masked token mean (TRL ``grpo``); tokens of
-      long completions weigh less. ``normalizer`` must be ``None`` here (scale for accumulation outside).
+    - ``"token"``: ``sum(loss * mask) / normalizer``: every action token weighs the same. ``None`` uses the local
+      token count (TRL ``bnpo``); the trainers pass an optimizer step's count (`step_loss_normalizer`, or TRL's
+      ``dapo`` normalizer in the synchronous trainer).
+    - ``"sequence"``: ``sum_i (sum_t loss_it * mask_it / sum_t mask_it) / normalizer``: every completion weighs the
+      same and tokens of long completions weigh less (TRL ``grpo``). ``None`` divides by the local number of rows.
     """
     if aggregation not in _AGGREGATIONS:
         raise ValueError(f"`aggregation` must be one of {_AGGREGATIONS}, got {aggregation!r}.")
@@ -349,9 +349,23 @@ def aggregate_loss(
         if normalizer is None:
             normalizer = mask.sum().clamp(min=1.0)
         return masked.sum() / normalizer
-    if normalizer is not None:
-        raise ValueError("`normalizer` applies only to aggregation='token'.")
-    return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    sequence_means = masked.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    if normalizer is None:
+        return sequence_means.mean()
+    return sequence_means.sum() / normalizer
+
+
+def step_loss_normalizer(step_units: float | torch.Tensor, world_size: int) -> torch.Tensor:
+    r"""The ``normalizer`` of `aggregate_loss` that makes one optimizer step's gradient a mean over the whole step.
+
+    With ``N`` = the step's units over all its micro-batches and all ranks (action tokens for ``"token"``,
+    completions for ``"sequence"``) and ``W`` ranks, rank ``r`` returns ``loss_{r,m} = sum_{r,m} / (N / W)`` for its
+    micro-batch ``m``. DDP averages gradients over the ranks and gradient accumulation sums them over the
+    micro-batches, so the step's gradient is ``grad (1/W) sum_{r,m} loss_{r,m} = grad sum_{r,m} sum_{r,m} / N``:
+    each unit weighs ``1/N`` whatever rank or micro-batch it lands on (no further division by the accumulation
+    steps). Returns ``max(N, 1) / W``.
+    """
+    return torch.as_tensor(step_units, dtype=torch.float32).clamp(min=1.0) / world_size
 
 
 def repetition_rate(completion_ids: torch.Tensor, mask: torch.Tensor, n: int = 4) -> torch.Tensor:

@@ -38,3 +38,10 @@ class SegmentRows:
     def first_of_row(self, values: torch.Tensor) -> torch.Tensor:
         """(S,) the value at each sample's first target (a per-sample quantity stamped on every target)."""
         return self.to_rows(values)[:, 0]
+
+
+def packed_loss_units(segment_id: torch.Tensor) -> torch.Tensor:
+    """(2,) float32: the loss targets (action tokens) of a packed row and the samples with at least one of them, from
+    the targets' `segment_id` (M,): the units that `aspo_aggregation` 'token' and 'sequence' average over."""
+    samples = torch.unique(segment_id).numel()
+    return torch.tensor([float(segment_id.numel()), float(samples)], device=segment_id.device)

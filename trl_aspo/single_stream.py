@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -252,6 +253,21 @@ def make_shaping_hooks(args) -> list[ShapingHook]:
             ) from None
         hooks.append(CallablePenalty(penalty))
     return hooks
+
+
+def warn_if_tool_shaping_runs_no_tools(args, tool_sources: str, has_tool_source: bool) -> None:
+    """Warn (UserWarning) when `tool_shaping` is on but nothing executes tools and `tool_call_pattern` is unset:
+    shaping then only acts on completions whose text happens to contain `tool_call_opener`. `tool_sources` names the
+    trainer arguments that would execute tools; `has_tool_source` says whether any of them was given."""
+    if not args.tool_shaping or has_tool_source or args.tool_call_pattern is not None:
+        return
+    warnings.warn(
+        f"{_field(args, 'tool_shaping')}=True, but the trainer has no {tool_sources} and "
+        f"{_field(args, 'tool_call_pattern')} is None: shaping only acts on completions whose text contains "
+        f"tool_call_opener={args.tool_call_opener!r}, which nothing executes. Pass tools= or set tool_call_pattern.",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def aspo_loss_options(args, step: int) -> dict:

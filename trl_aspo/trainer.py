@@ -18,7 +18,6 @@ import copy
 import dataclasses
 import inspect
 import math
-import warnings
 
 import torch
 from accelerate.utils import gather_object
@@ -28,6 +27,7 @@ from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 
 from .advantage_checks import advantage_sources, check_finite_advantages
+from .aspo_metrics import ASPO_TOKEN_STATS, aspo_metric_ratios, aspo_metric_sums, reduce_ratio_metrics
 from .checkpoint_state import STATE_JSON, checkpoint_state_file, load_checkpoint_state, save_checkpoint_state
 from .citations import model_card_paper
 from .config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
@@ -58,6 +58,7 @@ from .single_stream import (
     resume_settings,
     tool_shaping_bias,
     tracker_rewards,
+    warn_if_tool_shaping_runs_no_tools,
 )
 from .tool_metrics import (
     first_tool_call_positions,
@@ -137,21 +138,11 @@ class ASPOTrainer(GRPOTrainer):
             reward_funcs, args = _with_overlong_penalty(reward_funcs, args)
         with cpu_weight_sync(args.use_vllm):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        if (
-            args.tool_shaping
-            and not self.tools
-            and self.environment_factories is None
-            and self.rollout_func is None
-            and args.tool_call_pattern is None
-        ):
-            warnings.warn(
-                "ASPOConfig.tool_shaping=True, but the trainer has no tools=, environment_factory= or rollout_func "
-                "and ASPOConfig.tool_call_pattern is None: shaping only acts on completions whose text contains "
-                f"tool_call_opener={args.tool_call_opener!r}, which nothing executes. Pass tools= or set "
-                "tool_call_pattern.",
-                UserWarning,
-                stacklevel=2,
-            )
+        warn_if_tool_shaping_runs_no_tools(
+            args,
+            "tools=, environment_factory= or rollout_func",
+            bool(self.tools) or self.environment_factories is not None or self.rollout_func is not None,
+        )
 
         if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
             raise ValueError(
@@ -782,26 +773,35 @@ class ASPOTrainer(GRPOTrainer):
         return loss
 
     def _log_aspo_metrics(self, mode, stats, entropies, mask, per_token_kl, policy_loss) -> None:
-        names = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_clip_neg", "flipped")
-        columns = [(stats[name].float() * mask).sum() for name in names]
-        columns += [(stats["flip_weight"] * mask).sum(), (entropies.detach() * mask).sum(), mask.sum().float()]
-        columns.append(policy_loss.float())
+        """`aspo/*` as ratios over the logging window (trl_aspo.aspo_metrics); `entropy`, `kl` and `policy_loss`
+        per micro-batch, as GRPOTrainer logs them."""
+        columns = [aspo_metric_sums(stats, mask), (entropies.detach() * mask).sum().view(1), policy_loss.view(1)]
         if per_token_kl is not None:
-            columns.append((per_token_kl.detach() * mask).sum())
+            columns.append((per_token_kl.detach() * mask).sum().view(1))
         # One reduction and one device-to-host copy for every metric: each `.item()` would stall a GPU on its own.
-        totals = self.accelerator.reduce(torch.stack(columns), reduction="sum").tolist()
-        tokens = max(totals[7], 1.0)
+        totals = self.accelerator.reduce(torch.cat([column.float() for column in columns]), reduction="sum").tolist()
+        sums, rest = totals[: len(ASPO_TOKEN_STATS) + 2], totals[len(ASPO_TOKEN_STATS) + 2 :]
+        tokens = max(sums[-1], 1.0)
         metrics = self._metrics[mode]
-        for index, name in enumerate(names):
-            metrics[f"aspo/{name}_frac"].append(totals[index] / tokens)
-        metrics["aspo/flip_weight_mean"].append(totals[5] / max(totals[4], 1.0))
-        metrics["entropy"].append(totals[6] / tokens)
-        metrics["policy_loss"].append(totals[8] / self.accelerator.num_processes)
+        for name, pair in aspo_metric_ratios(sums).items():
+            metrics[name].append(pair)
+        metrics["entropy"].append(rest[0] / tokens)
+        metrics["policy_loss"].append(rest[1] / self.accelerator.num_processes)
         if per_token_kl is not None:
-            metrics["kl"].append(totals[9] / tokens)
+            metrics["kl"].append(rest[2] / tokens)
             metrics["aspo/kl_coef"].append(self._aspo_kl_coef)
         if mode == "train" and self.args.aspo_adaptive_kl_beta is not None:
-            self._update_adaptive_kl(totals[6], totals[7])
+            self._update_adaptive_kl(rest[0], sums[-1])
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """GRPOTrainer's log, with the `aspo/*` ratios reduced over the window (trl_aspo.aspo_metrics) and without
+        TRL's `frac_reward_zero_std` when `num_generations == 1`: each group then has one member, so it would read
+        1.0 on every step; `zero_advantage_share` is the single-stream reading of completions without signal."""
+        mode = "train" if self.model.training else "eval"
+        reduce_ratio_metrics(self._metrics[mode])
+        if self.num_generations == 1:
+            self._metrics[mode].pop("frac_reward_zero_std", None)
+        super().log(logs, start_time)
 
     def _update_adaptive_kl(self, entropy_sum: float, token_count: float) -> None:
         """Raise the KL coefficient for the next optimizer step while the step's mean entropy is below target."""

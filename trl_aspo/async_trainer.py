@@ -29,6 +29,7 @@ import math
 import torch
 from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 
 from .async_config import AsyncASPOConfig
 from .async_infra.local_worker import LocalWorkerResumeMixin
@@ -43,9 +44,11 @@ from .losses import (
     unflipped_sample_mask,
 )
 from .packed import SegmentRows
+from .progress import dropped_log_messages
 from .prompt_ids import prompt_key
 from .prompt_stream import PromptPriorities, attach_prompt_priorities
 from .report import generation_attention
+from .resume import TiedWeightsCheckpointMixin
 from .rewards import summed_rewards
 from .single_stream import (
     StepScorer,
@@ -126,7 +129,7 @@ class StepScoringDataset(torch.utils.data.IterableDataset):
             pending, dropped = [], 0
 
 
-class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
+class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
@@ -144,7 +147,9 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         self._prepass_inputs = {
             name: bound.arguments.get(name) for name in ("reward_funcs", "tools", "environment_factory")
         }
-        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
+        with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
+            super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self._scorer = StepScorer(self.args, self.train_dataset)
         self._call_token_ids = self._whitespace_token_ids = []
         if self.args.tool_shaping and self.args.tool_call_pattern is None:

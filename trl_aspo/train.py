@@ -244,7 +244,44 @@ def main(argv: list[str] | None = None) -> None:
     # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     argv = list(sys.argv[1:] if argv is None else argv)
-    run(*parse_command_line(argv))
+    run_until_interrupted(argv, parse_command_line(argv))
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
+
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
+
+
+def run_until_interrupted(argv: list[str], parsed) -> None:
+    """`run` a parsed command line; on Ctrl-C print one line naming the latest checkpoint and the command that
+    resumes from it (main process only) and exit with status 130, the shell's code for SIGINT, without a traceback."""
+    from .resume import interrupt_message
+
+    try:
+        run(*parsed)
+    except KeyboardInterrupt as interrupt:
+        if os.environ.get("RANK", "0") == "0":
+            step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
+            print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def use_console_progress(trainer, callbacks: list | None) -> None:
+    """Replace transformers' progress bar, which prints every logged metric as a dict, by `callbacks` when given,
+    else by a bar showing `TRAIN_CONSOLE_METRICS` (everything logged still reaches the trackers and log history)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    from .progress import TRAIN_CONSOLE_METRICS, MetricProgressCallback
+
+    had_bar = any(isinstance(callback, ProgressCallback) for callback in trainer.callback_handler.callbacks)
+    if not callbacks and not had_bar:
+        return  # disable_tqdm: the user asked for transformers' plain log lines
+    trainer.remove_callback(ProgressCallback)
+    for callback in callbacks or [MetricProgressCallback("train", TRAIN_CONSOLE_METRICS)]:
+        trainer.add_callback(callback)
 
 
 def run(
@@ -254,8 +291,12 @@ def run(
     dataset_args: DatasetMixtureConfig,
     callbacks: list | None = None,
 ):
-    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given."""
-    from transformers.trainer_callback import ProgressCallback
+    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given.
+
+    `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
+    `TrainingInterrupted` with the step it stopped at."""
+    from .progress import MetricProgressCallback
+    from .resume import resolve_resume_checkpoint
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
@@ -264,15 +305,13 @@ def run(
     reward_funcs = [resolve_callable(name, BUILTIN_REWARDS, "reward_funcs entry") for name in script_args.reward_funcs]
     tools = [resolve_callable(name, BUILTIN_TOOLS, "tools entry") for name in script_args.tools or []]
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
     if script_args.trainer == "async":
         trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
     else:
         trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
-    if callbacks:
-        trainer.remove_callback(ProgressCallback)
-        for callback in callbacks:
-            trainer.add_callback(callback)
+    use_console_progress(trainer, callbacks)
     report = None
     if script_args.evaluate_before_after:
         from .report import BeforeAfterReport
@@ -285,8 +324,16 @@ def run(
             script_args.eval_samples_per_problem,
             script_args.eval_temperature,
         )
-        report.measure("before")
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        report.measure_before(reuse_saved=resume is not None)
+    if resume is not None:
+        trainer.accelerator.print(f"Resuming from {resume}.")
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, MetricProgressCallback):
+                callback.close()
+        raise TrainingInterrupted(trainer.state.global_step) from None
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if report is not None:

@@ -19,7 +19,6 @@ import math
 import os
 import re
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -493,8 +492,9 @@ def load_run(run_dir: str) -> dict:
 
 
 def compare_main(argv: list[str]) -> int:
-    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    from .progress import ignore_known_notices
+
+    ignore_known_notices()
     parser = argparse.ArgumentParser(
         prog="trl-aspo compare",
         description="Train named variants x seeds from an experiment file and compare them (figure, tables, logs). "

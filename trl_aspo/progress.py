@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
@@ -30,13 +31,14 @@ def format_value(value) -> str:
 
 
 class MetricProgressCallback(TrainerCallback):
-    """tqdm bar over optimizer steps whose postfix shows `metrics` (label -> logged key) from the latest log, and a
-    one-line summary when training ends.
+    """tqdm bar over optimizer steps whose postfix shows `metrics` (label -> logged key), each at its latest logged
+    value, and a one-line summary when training ends.
 
     Use it in place of transformers' `ProgressCallback`: `trainer.remove_callback(ProgressCallback)` first."""
 
     def __init__(self, description: str, metrics: dict[str, str]):
         self.description, self.metrics, self.bar = description, metrics, None
+        self.latest: dict[str, str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -52,9 +54,10 @@ class MetricProgressCallback(TrainerCallback):
                 f"(mean loss {format_value(logs.get('train_loss', float('nan')))})"
             )
             return
-        shown = {label: format_value(logs[key]) for label, key in self.metrics.items() if key in logs}
-        if shown:
-            self.bar.set_postfix(shown, refresh=True)
+        # Latest value of each: a GRPO step without a generation round logs no reward.
+        self.latest.update({label: format_value(logs[key]) for label, key in self.metrics.items() if key in logs})
+        if self.latest:
+            self.bar.set_postfix({label: self.latest[label] for label in self.metrics if label in self.latest})
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:
@@ -68,6 +71,14 @@ class MetricProgressCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def ignore_known_notices() -> None:
+    """Ignore the deprecation notices of TRL's and transformers' code that a user cannot act on (each named here).
+
+    TRL 1.16 still calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
+    `activation_checkpointing`) whenever a TRL config is built."""
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
 
 
 class _DropMessages(logging.Filter):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
@@ -241,8 +240,9 @@ def parse_command_line(argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    from .progress import ignore_known_notices
+
+    ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)
     run_until_interrupted(argv, parse_command_line(argv))
 

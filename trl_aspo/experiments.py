@@ -52,6 +52,8 @@ HELDOUT_METRICS = (
     ("tool_call_rate", "held-out tool-call rate"),
     ("mean_first_call_position", "held-out first-call position"),
 )
+# Table rows that are fractions, shown as percentages as in the README (results.json keeps the fractions).
+PERCENT_ROWS = ("held-out accuracy", "held-out tool-call rate")
 
 
 @dataclass
@@ -464,17 +466,22 @@ def results_table(results: dict[str, list[dict]], metrics: list[str], initial: d
         if all(math.isnan(aggregated[name][row][0]) for name in names):
             continue
         cells = []
+        percent = row in PERCENT_ROWS
         if with_initial:
             value = initial.get(heldout_keys[row], math.nan) if row in heldout_keys else math.nan
-            cells.append(_cell(value, math.nan))
-        cells += [_cell(*aggregated[name][row]) for name in names]
+            cells.append(_cell(value, math.nan, percent))
+        cells += [_cell(*aggregated[name][row], percent) for name in names]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines), {"per_run": numbers, "mean_sd": aggregated}
 
 
-def _cell(mean: float, sd: float) -> str:
+def _cell(mean: float, sd: float, percent: bool = False) -> str:
+    """'0.412 ± 0.031', or '41.2% ± 3.1' (sd in percentage points, as the README's tables) for a fraction shown
+    as a percentage; 'n/a' for no number."""
     if mean is None or math.isnan(mean):
         return "n/a"
+    if percent:
+        return f"{mean:.1%}" if math.isnan(sd) else f"{mean:.1%} ± {100 * sd:.1f}"
     return f"{mean:.3f}" if math.isnan(sd) else f"{mean:.3f} ± {sd:.3f}"
 
 

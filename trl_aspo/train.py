@@ -260,13 +260,25 @@ def run_until_interrupted(argv: list[str], parsed) -> None:
     resumes from it (main process only) and exit with status 130, the shell's code for SIGINT, without a traceback."""
     from .resume import interrupt_message
 
+    config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
     try:
-        run(*parsed)
+        run(*parsed, config_name=os.path.splitext(os.path.basename(config))[0] if config else None)
     except KeyboardInterrupt as interrupt:
         if os.environ.get("RANK", "0") == "0":
             step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
             print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+
+
+def curves_title(name: str, training_args) -> str:
+    """'quickstart: spo++ advantages, aspo loss, tool shaping, 80 steps': the training curves' title."""
+    parts = [
+        f"{getattr(training_args, 'advantage_estimator', 'group')} advantages",
+        f"{training_args.loss_type} loss",
+        "tool shaping" if getattr(training_args, "tool_shaping", False) else "no tool shaping",
+        f"{training_args.max_steps} steps" if training_args.max_steps > 0 else None,
+    ]
+    return f"{name}: " + ", ".join(part for part in parts if part)
 
 
 def use_console_progress(trainer, callbacks: list | None) -> None:
@@ -290,8 +302,10 @@ def run(
     model_args,
     dataset_args: DatasetMixtureConfig,
     callbacks: list | None = None,
+    config_name: str | None = None,
 ):
-    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given.
+    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given;
+    `config_name` titles the training curves (default: the output folder's name).
 
     `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
     `TrainingInterrupted` with the step it stopped at."""
@@ -342,7 +356,13 @@ def run(
     if script_args.plot and trainer.accelerator.is_main_process:
         from .plotting import plot_training_curves
 
-        path = plot_training_curves(trainer.state.log_history, training_args.output_dir)
+        heldout = None
+        if report is not None:
+            heldout = {"initial": report.results["before"]["accuracy"], "final": report.results["after"]["accuracy"]}
+        title = curves_title(
+            config_name or os.path.basename(os.path.normpath(training_args.output_dir)), training_args
+        )
+        path = plot_training_curves(trainer.state.log_history, training_args.output_dir, title=title, heldout=heldout)
         trainer.accelerator.print(f"Training curves saved to {path}.")
     trainer.accelerator.wait_for_everyone()
     return trainer

@@ -75,3 +75,13 @@ def test_format_value_keeps_three_significant_digits():
     assert format_value(1e-4) == "1.0e-04"
     assert format_value(0) == "0"
     assert format_value("n/a") == "n/a"
+
+
+def test_evaluate_prints_no_deprecation_notice(tmp_path):
+    """`trl-aspo evaluate` ignores TRL's gradient-checkpointing notice as `train` does (one place: cli.main)."""
+    output = run_cli(
+        ["evaluate", "--model", "builtin:tiny-calculator", "--config", "configs/quickstart.yaml"]
+        + ["--builtin_test_size", "2", "--output", str(tmp_path / "evaluation.json")]
+    )
+    assert "deprecated" not in output and "FutureWarning" not in output
+    assert (tmp_path / "evaluation.json").exists()

@@ -18,6 +18,8 @@ import json
 import math
 import os
 import re
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -605,6 +607,11 @@ def compare_main(argv: list[str]) -> int:
         compare(experiment)
     except ValueError as error:
         parser.exit(2, f"trl-aspo compare: error: {error}\n")
+    except KeyboardInterrupt:
+        # Finished runs have their run_summary.json; the interrupted one starts again from its beginning.
+        command = shlex.join(["trl-aspo", "compare", *argv])
+        print(f"\nInterrupted; finished runs are kept. Continue with: {command}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     return 0
 
 

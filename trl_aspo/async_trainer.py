@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
+from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from .advantage_checks import advantage_sources, check_finite_advantages
@@ -50,9 +51,11 @@ from .losses import (
     unflipped_sample_mask,
 )
 from .packed import SegmentRows, packed_loss_units
+from .progress import dropped_log_messages
 from .prompt_ids import prompt_key
 from .prompt_stream import PromptDispatches, PromptPriorities, attach_prompt_priorities, attach_rollout_tracking
 from .report import generation_attention
+from .resume import TiedWeightsCheckpointMixin
 from .rewards import summed_rewards
 from .single_stream import (
     StepScorer,
@@ -165,7 +168,7 @@ class ToolMetricsDataset(torch.utils.data.IterableDataset):
             yield item
 
 
-class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
+class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
@@ -194,7 +197,9 @@ class AsyncASPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
             kwargs["weight_transfer"] = CPUWeightTransfer(
                 args.vllm_server_base_url, server_timeout=args.vllm_server_timeout
             )
-        super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
+        with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
+            super().__init__(model, reward_funcs, args, *positional, **kwargs)
         if cpu_server and self.accelerator.is_main_process:
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)

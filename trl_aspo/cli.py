@@ -77,6 +77,9 @@ def train(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .progress import ignore_known_notices
+
+    ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="trl-aspo",

@@ -18,8 +18,9 @@ import json
 import math
 import os
 import re
+import shlex
+import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ HELDOUT_METRICS = (
     ("tool_call_rate", "held-out tool-call rate"),
     ("mean_first_call_position", "held-out first-call position"),
 )
+# Table rows that are fractions, shown as percentages as in the README (results.json keeps the fractions).
+PERCENT_ROWS = ("held-out accuracy", "held-out tool-call rate")
 
 
 @dataclass
@@ -74,13 +77,22 @@ class Experiment:
     metrics: list[str] = field(default_factory=list)
     evaluation: Evaluation | None = None
     threads: int = 1
+    # `key=value` overrides of `base` from the command line (`apply_command_line`), recorded in every run summary.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def run_dir(self, variant: str, seed: int) -> Path:
         return self.output_dir / "runs" / slug(variant) / f"seed{seed}"
 
     def run_config(self, variant: str, seed: int) -> dict[str, Any]:
-        """The `trl-aspo train` keys of one run: base, the variant's overrides, then the run's seed and folder."""
-        return {**self.base, **self.variants[variant], "seed": seed, "output_dir": str(self.run_dir(variant, seed))}
+        """The `trl-aspo train` keys of one run: base, the command-line overrides of base, the variant's overrides,
+        then the run's seed and folder."""
+        return {
+            **self.base,
+            **self.overrides,
+            **self.variants[variant],
+            "seed": seed,
+            "output_dir": str(self.run_dir(variant, seed)),
+        }
 
 
 def slug(name: str) -> str:
@@ -185,6 +197,52 @@ def load_experiment(path: str) -> Experiment:
     return experiment
 
 
+def parse_override(text: str) -> tuple[str, Any]:
+    """`key=value` of the command line: the value read as YAML (`max_steps=2` is the integer 2, `tools=[]` a list)."""
+    key, separator, value = text.partition("=")
+    if not separator or not key.strip():
+        raise ValueError(f"override {text!r} is not of the form key=value (e.g. max_steps=2)")
+    return key.strip(), yaml.safe_load(value)
+
+
+def apply_command_line(
+    experiment: Experiment,
+    seeds: list[int] | None = None,
+    variants: list[str] | None = None,
+    overrides: list[str] | None = None,
+) -> Experiment:
+    """The experiment shrunk or changed from the command line: only `seeds` and the named `variants` (in the file's
+    order), and `key=value` `overrides` of `base`; every variant's run config is parsed again."""
+    path = experiment.path
+    if seeds is not None:
+        if not seeds or any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
+            raise ValueError(f"--seeds must be distinct non-negative integers, got {seeds}")
+        experiment.seeds = list(seeds)
+    if variants is not None:
+        unknown = [name for name in variants if name not in experiment.variants]
+        if unknown:
+            raise ValueError(
+                f"--variants: {unknown[0]!r} is not a variant of {path}; it has: "
+                + ", ".join(repr(name) for name in experiment.variants)
+            )
+        experiment.variants = {name: spec for name, spec in experiment.variants.items() if name in variants}
+    for text in overrides or []:
+        key, value = parse_override(text)
+        if key in RESERVED_KEYS:
+            raise ValueError(f"override {text!r}: {key!r} is set by compare per run (use --seeds / --output_dir)")
+        experiment.overrides[key] = value
+    for name in experiment.variants:
+        try:
+            parse_run_config(experiment.run_config(name, experiment.seeds[0]))
+        except ValueError as error:
+            raise ValueError(f"variant {name!r} (base + overrides {experiment.overrides}): {error}") from None
+    return experiment
+
+
+def format_overrides(overrides: dict[str, Any]) -> str:
+    return " ".join(f"{key}={json.dumps(value)}" for key, value in overrides.items())
+
+
 def parse_run_config(config: dict[str, Any]):
     """(script_args, training_args, model_args, dataset_args) of a run config, as `trl-aspo train` parses a YAML
     (its `trainer` key picks the config classes)."""
@@ -228,6 +286,7 @@ def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict
         "variant": variant,
         "seed": seed,
         "config": config,
+        "overrides": experiment.overrides,
         "completions_per_step": completions_per_step(training_args, trainer.accelerator.num_processes),
         "train_minutes": minutes,
         "heldout": heldout,
@@ -316,9 +375,14 @@ def finished_summary(experiment: Experiment, variant: str, seed: int) -> dict | 
             for key in set(expected) | set(summary.get("config") or {})
             if expected.get(key) != (summary.get("config") or {}).get(key)
         )
+        trained = summary.get("config") or {}
+        differences = "; ".join(f"{key}: {trained.get(key)!r} then, {expected.get(key)!r} now" for key in changed)
         raise ValueError(
             f"{path} was trained with a different config (keys {changed}) than variant {variant!r} of "
-            f"{experiment.path} now gives: choose another output_dir, or delete that run folder to retrain it."
+            f"{experiment.path} now gives ({differences}; command-line overrides then: "
+            f"{format_overrides(summary.get('overrides') or {}) or 'none'}, now: "
+            f"{format_overrides(experiment.overrides) or 'none'}): use the same overrides, choose another output_dir, "
+            "or delete that run folder to retrain it."
         )
     return summary
 
@@ -405,17 +469,22 @@ def results_table(results: dict[str, list[dict]], metrics: list[str], initial: d
         if all(math.isnan(aggregated[name][row][0]) for name in names):
             continue
         cells = []
+        percent = row in PERCENT_ROWS
         if with_initial:
             value = initial.get(heldout_keys[row], math.nan) if row in heldout_keys else math.nan
-            cells.append(_cell(value, math.nan))
-        cells += [_cell(*aggregated[name][row]) for name in names]
+            cells.append(_cell(value, math.nan, percent))
+        cells += [_cell(*aggregated[name][row], percent) for name in names]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     return "\n".join(lines), {"per_run": numbers, "mean_sd": aggregated}
 
 
-def _cell(mean: float, sd: float) -> str:
+def _cell(mean: float, sd: float, percent: bool = False) -> str:
+    """'0.412 ± 0.031', or '41.2% ± 3.1' (sd in percentage points, as the README's tables) for a fraction shown
+    as a percentage; 'n/a' for no number."""
     if mean is None or math.isnan(mean):
         return "n/a"
+    if percent:
+        return f"{mean:.1%}" if math.isnan(sd) else f"{mean:.1%} ± {100 * sd:.1f}"
     return f"{mean:.3f}" if math.isnan(sd) else f"{mean:.3f} ± {sd:.3f}"
 
 
@@ -434,8 +503,12 @@ def write_outputs(
     header = (
         f"{experiment.description.strip()}\n\n" if experiment.description else ""
     ) + f"Seeds {experiment.seeds}; mean ± sd over seeds; completions per optimizer step: {budget}.\n"
+    if experiment.overrides:
+        header += f"Command-line overrides of base: {format_overrides(experiment.overrides)}.\n"
     (experiment.output_dir / "results.md").write_text(f"{header}\n{table}\n")
-    write_json(experiment.output_dir / "results.json", {"initial": initial, **numbers})
+    write_json(
+        experiment.output_dir / "results.json", {"initial": initial, "overrides": experiment.overrides, **numbers}
+    )
     if not quiet:
         print(f"\n{header}\n{table}\n\nFigure {figure}; tables results.md, results.json; raw logs under runs/.")
 
@@ -504,8 +577,9 @@ def load_run(run_dir: str) -> dict:
 
 
 def compare_main(argv: list[str]) -> int:
-    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    from .progress import ignore_known_notices
+
+    ignore_known_notices()
     parser = argparse.ArgumentParser(
         prog="trl-aspo compare",
         description="Train named variants x seeds from an experiment file and compare them (figure, tables, logs). "
@@ -514,16 +588,43 @@ def compare_main(argv: list[str]) -> int:
     )
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/experiments/tool_shaping.yaml")
     parser.add_argument("--output_dir", help="override the file's output_dir")
+    parser.add_argument("--seeds", nargs="+", help="run only these seeds (default: the file's seeds)")
+    parser.add_argument("--variants", nargs="+", metavar="NAME", help="run only these variants of the file")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="override a key of the file's base, value read as YAML (e.g. max_steps=2); recorded in each run's "
+        "summary and results.md, and a resumed comparison refuses runs made with other overrides",
+    )
     args = parser.parse_args(argv)
     if not Path(args.config).expanduser().is_file():
         report("trl-aspo compare", ConfigurationError([f"--config {args.config!r}: no such file"]))
+    # `--variants a b max_steps=2`: argparse gives the KEY=VALUE words after a list flag to the flag.
+    overrides = list(args.overrides)
+    for name in ("seeds", "variants"):
+        if getattr(args, name) is not None:
+            overrides += [word for word in getattr(args, name) if "=" in word]
+            setattr(args, name, [word for word in getattr(args, name) if "=" not in word])
     try:
-        experiment = load_experiment(args.config)
+        seeds = None if args.seeds is None else [int(seed) for seed in args.seeds]
+    except ValueError:
+        parser.error(f"--seeds must be integers, got {args.seeds}")
+    try:
+        experiment = apply_command_line(load_experiment(args.config), seeds, args.variants, overrides)
     except ValueError as error:
         parser.error(str(error))
     if args.output_dir:
         experiment.output_dir = Path(args.output_dir)
-    compare(experiment)
+    try:
+        compare(experiment)
+    except ValueError as error:
+        parser.exit(2, f"trl-aspo compare: error: {error}\n")
+    except KeyboardInterrupt:
+        # Finished runs have their run_summary.json; the interrupted one starts again from its beginning.
+        command = shlex.join(["trl-aspo", "compare", *argv])
+        print(f"\nInterrupted; finished runs are kept. Continue with: {command}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     return 0
 
 

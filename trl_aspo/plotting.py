@@ -1,4 +1,9 @@
-"""Training curves from a `Trainer.state.log_history`, saved as one PNG."""
+"""Training curves from a `Trainer.state.log_history`, saved as one PNG, and the comparison figure of several runs.
+
+Both figures name their panels the same way (`panel_title`), show integer optimizer steps, and leave out a metric
+that is zero at every logged step (saying so under the figure): SPO++ with one completion per prompt, for example,
+has no zero-advantage samples by construction, so that panel would be a flat line at 0.
+"""
 
 from __future__ import annotations
 
@@ -11,31 +16,94 @@ DEFAULT_METRICS = (
     "zero_advantage_share",
     "tools/tool_call_frac",
     "tools/first_call_position",
+    "tools/failure_frequency",
     "aspo/flip_weight_mean",
     "value/mean",
 )
+# Not a logged metric: the panel of held-out evaluations before and after training.
+HELDOUT_ACCURACY = "heldout/accuracy"
+# Panel titles of logged metrics; any other key is its own title.
+PANEL_TITLES = {
+    "reward": "training reward",
+    HELDOUT_ACCURACY: "held-out accuracy",
+    "loss": "loss",
+    "entropy": "entropy",
+    "zero_advantage_share": "zero-advantage share",
+    "tools/tool_call_frac": "tool-call rate",
+    "tools/first_call_position": "first tool-call position (tokens)",
+    "tools/calls_per_completion": "tool calls per completion",
+    "tools/failure_frequency": "failed tool calls per completion",
+    "aspo/flip_weight_mean": "ASPO flipped-ratio weight",
+    "value/mean": "tracker value (mean)",
+    "repetition_rate": "repetition rate",
+}
+# Line styles told apart without colour, so variants with the same curve stay visible on top of each other.
+LINE_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P"))
 
 
-def plot_training_curves(log_history: list[dict], output_dir: str, metrics=DEFAULT_METRICS) -> str:
-    """Plot every metric of `metrics` that the log history holds, one panel each, against the optimizer step."""
+def panel_title(key: str) -> str:
+    return PANEL_TITLES.get(key, key)
+
+
+def is_constant_zero(values) -> bool:
+    values = list(values)
+    return bool(values) and all(value == 0 for value in values)
+
+
+def integer_steps(axis) -> None:
+    """Tick marks at whole optimizer steps (or completions): a 4-step run gets 0, 1, 2, 3, 4 instead of 0.5s."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def heldout_text(heldout: dict | None) -> str | None:
+    """'held-out accuracy 24.2% before, 63.4% after' from {"initial": ..., "final": ...} (None if neither)."""
+    heldout = heldout or {}
+    parts = [
+        f"{heldout[moment]:.1%} {word}"
+        for moment, word in (("initial", "before"), ("final", "after"))
+        if heldout.get(moment) is not None
+    ]
+    return "held-out accuracy " + ", ".join(parts) if parts else None
+
+
+def plot_training_curves(
+    log_history: list[dict],
+    output_dir: str,
+    metrics=DEFAULT_METRICS,
+    title: str | None = None,
+    heldout: dict | None = None,
+) -> str:
+    """Plot every metric of `metrics` that the log history holds, one panel each, against the optimizer step.
+
+    The figure's title is `title` (e.g. the config name and its methods) with `heldout`'s before/after accuracy
+    ({"initial": fraction, "final": fraction}, either optional); metrics zero at every step are listed, not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    present = [name for name in metrics if any(row.get(name) is not None and "step" in row for row in log_history)]
+    logged = {name: metric_points(log_history, name) for name in metrics}
+    zero = [name for name, points in logged.items() if is_constant_zero(points.values())]
+    present = [name for name, points in logged.items() if points and name not in zero]
     columns = min(3, max(1, len(present)))
     rows = max(1, -(-len(present) // columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows + 0.8), squeeze=False)
     for axis, name in zip(axes.flat, present, strict=False):
-        points = [(row["step"], row[name]) for row in log_history if row.get(name) is not None and "step" in row]
-        axis.plot([step for step, _ in points], [value for _, value in points], marker=".", linewidth=1.2)
-        axis.set_title(name, fontsize=10)
-        axis.set_xlabel("step")
+        steps = sorted(logged[name])
+        axis.plot(steps, [logged[name][step] for step in steps], marker=".", linewidth=1.2)
+        axis.set_title(panel_title(name), fontsize=10)
+        axis.set_xlabel("optimizer step")
+        integer_steps(axis)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(present) :]:
         axis.axis("off")
-    figure.tight_layout()
+    heading = "; ".join(text for text in (title, heldout_text(heldout)) if text)
+    if heading:
+        figure.suptitle(heading, fontsize=11)
+    _note_left_out(figure, zero)
+    figure.tight_layout(rect=(0, 0.04 if zero else 0, 1, 1))
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "training_curves.png")
     figure.savefig(path, dpi=110)
@@ -43,15 +111,16 @@ def plot_training_curves(log_history: list[dict], output_dir: str, metrics=DEFAU
     return path
 
 
-# Not a logged metric: the panel of held-out evaluations before and after training.
-HELDOUT_ACCURACY = "heldout/accuracy"
-# Panels of the comparison figure: (log_history key, title).
-COMPARISON_PANELS = (
-    ("reward", "training reward"),
-    (HELDOUT_ACCURACY, "held-out accuracy"),
-    ("entropy", "entropy"),
-    ("tools/first_call_position", "first tool-call position (tokens)"),
-    ("zero_advantage_share", "zero-advantage share"),
+def _note_left_out(figure, zero: list[str]) -> None:
+    if zero:
+        names = ", ".join(panel_title(name) for name in zero)
+        figure.text(0.01, 0.01, f"Not drawn, zero at every logged step: {names}.", fontsize=8, color="0.35")
+
+
+# Panels of the comparison figure, in order (extra `metrics` follow).
+COMPARISON_PANELS = tuple(
+    (key, panel_title(key))
+    for key in ("reward", HELDOUT_ACCURACY, "entropy", "tools/first_call_position", "zero_advantage_share")
 )
 
 
@@ -97,26 +166,44 @@ def plot_comparison(
     import matplotlib.pyplot as plt
 
     runs = [run for group in variants.values() for run in group]
-    panels = [*COMPARISON_PANELS, *((key, key) for key in extra_metrics if key not in dict(COMPARISON_PANELS))]
+    panels = [
+        *COMPARISON_PANELS,
+        *((key, panel_title(key)) for key in extra_metrics if key not in dict(COMPARISON_PANELS)),
+    ]
+    logged = {key: [metric_points(run["history"], key) for run in runs] for key, _ in panels}
+    zero = [
+        key
+        for key, _ in panels
+        if key != HELDOUT_ACCURACY
+        and any(logged[key])
+        and is_constant_zero(value for points in logged[key] for value in points.values())
+    ]
     panels = [
         (key, label)
         for key, label in panels
         if (key == HELDOUT_ACCURACY and any((run.get("heldout") or {}).get("final") is not None for run in runs))
-        or any(metric_points(run["history"], key) for run in runs)
+        or (any(logged[key]) and key not in zero)
     ]
     if not panels:
-        raise ValueError("None of the runs logged any metric to plot (empty log_history?).")
+        raise ValueError("None of the runs logged any nonzero metric to plot (empty log_history?).")
     by_completions = all(run.get("completions_per_step") for run in runs)
     x_label = "completions generated" if by_completions else "optimizer step"
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = {
+        name: (colors[index % len(colors)], *LINE_STYLES[index % len(LINE_STYLES)])
+        for index, name in enumerate(variants)
+    }
     for axis, (key, label) in zip(axes.flat, panels, strict=False):
-        for color, (name, group) in zip(colors * 4, variants.items(), strict=False):
+        for index, (name, group) in enumerate(variants.items()):
+            color, linestyle, marker = styles[name]
+            # Earlier variants drawn wider, markers at staggered points: a curve equal to another still shows.
+            width = max(1.0, 2.6 - 0.5 * index)
             scale = group[0].get("completions_per_step") if by_completions else 1
             if key == HELDOUT_ACCURACY:
-                _plot_heldout(axis, group, scale, color, name)
+                _plot_heldout(axis, group, scale, color, name, marker, markersize=2.5 * width + 2)
                 continue
             series = []
             for run in group:
@@ -128,26 +215,52 @@ def plot_comparison(
             if not steps:
                 continue
             x = [step * scale for step in steps]
-            axis.plot(x, means, color=color, linewidth=1.8, label=f"{name} (n={len(series)})")
+            every = max(len(variants), len(x) // 6)
+            axis.plot(
+                x,
+                means,
+                color=color,
+                linestyle=linestyle,
+                marker=marker,
+                markevery=(index % every, every) if len(x) > every else None,
+                markersize=4,
+                linewidth=width,
+                alpha=0.85,
+                label=f"{name} (n={len(series)})",
+            )
             low = [m - s for m, s in zip(means, spreads, strict=True)]
             high = [m + s for m, s in zip(means, spreads, strict=True)]
-            axis.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0)
+            axis.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
         axis.set_title(label, fontsize=10)
         axis.set_xlabel(x_label)
+        integer_steps(axis)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
-    axes.flat[0].legend(fontsize=8)
+    # One legend for the figure, from a training-curve panel: every variant with its line style and run count.
+    handles, labels = _legend_entries(axes.flat[: len(panels)])
+    figure.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)) or 1, fontsize=8, frameon=False)
     suffix = f"mean +- 1 sd over runs; training curves: {smoothing}-step running mean"
     figure.suptitle(f"{title}\n{suffix}" if title else suffix, fontsize=10)
-    figure.tight_layout()
+    _note_left_out(figure, zero)
+    legend_rows = -(-len(labels) // 4) if labels else 0
+    figure.tight_layout(rect=(0, 0.05 * legend_rows + (0.03 if zero else 0), 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
 
 
-def _plot_heldout(axis, group: list[dict], scale: int, color: str, name: str) -> None:
+def _legend_entries(axes) -> tuple[list, list[str]]:
+    """Legend handles and labels of the panel naming the most variants, a training curve's (line styles) first."""
+    entries = [(axis.get_legend_handles_labels(), axis.get_title() == panel_title(HELDOUT_ACCURACY)) for axis in axes]
+    entries.sort(key=lambda entry: (-len(entry[0][1]), entry[1]))
+    return entries[0][0] if entries else ([], [])
+
+
+def _plot_heldout(
+    axis, group: list[dict], scale: int, color: str, name: str, marker: str = "o", markersize: float = 6
+) -> None:
     """Held-out accuracy before (x = 0) and after training, mean with +-1 sd error bars over the runs."""
     points = []
     for moment in ("initial", "final"):
@@ -160,4 +273,21 @@ def _plot_heldout(axis, group: list[dict], scale: int, color: str, name: str) ->
         points.append((x, mean, spread))
     if points:
         xs, means, spreads = zip(*points, strict=True)
-        axis.errorbar(xs, means, yerr=spreads, color=color, marker="o", capsize=3, label=name)
+        axis.errorbar(
+            xs,
+            means,
+            yerr=spreads,
+            color=color,
+            marker=marker,
+            markersize=markersize,
+            capsize=3,
+            alpha=0.8,
+            label=name,
+        )
+        axis.yaxis.set_major_formatter(_percent_formatter())
+
+
+def _percent_formatter():
+    from matplotlib.ticker import PercentFormatter
+
+    return PercentFormatter(xmax=1.0, decimals=0)

@@ -1,30 +1,103 @@
-"""A one-line-per-run progress bar for experiment scripts, showing chosen metrics instead of a dict per step."""
+"""A readable console for training runs: a progress bar with the few numbers a user watches, instead of
+transformers' dict of every metric per logging step (every metric still goes to the trackers and the log history).
+"""
 
 from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+# What `trl-aspo train` shows: label -> logged key, in order; keys a run does not log are left out.
+TRAIN_CONSOLE_METRICS = {
+    "reward": "reward",
+    "accuracy": "rewards/correctness_reward/mean",
+    "loss": "loss",
+    "lr": "learning_rate",
+    "tool calls": "tools/tool_call_frac",
+}
+
+
+def format_value(value) -> str:
+    """Short text of a logged number: 3 significant digits (scientific below 1e-3, e.g. a learning rate)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if value != 0 and abs(value) < 1e-3:
+        return f"{value:.1e}"
+    return f"{value:.3g}"
+
 
 class MetricProgressCallback(TrainerCallback):
-    """tqdm bar over optimizer steps whose postfix shows `metrics` (label -> logged key) from the latest log.
+    """tqdm bar over optimizer steps whose postfix shows `metrics` (label -> logged key), each at its latest logged
+    value, and a one-line summary when training ends.
 
     Use it in place of transformers' `ProgressCallback`: `trainer.remove_callback(ProgressCallback)` first."""
 
     def __init__(self, description: str, metrics: dict[str, str]):
         self.description, self.metrics, self.bar = description, metrics, None
+        self.latest: dict[str, str] = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.bar = tqdm(total=state.max_steps, desc=self.description, unit="step")
+        if state.is_world_process_zero:
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=self.description, unit="step")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is None:
+            return
         logs = logs or {}
-        if "reward" in logs:
-            values = {label: logs.get(key) for label, key in self.metrics.items()}
-            self.bar.set_postfix({label: "n/a" if v is None else f"{v:.2f}" for label, v in values.items()})
+        if "train_runtime" in logs:
+            self.bar.write(
+                f"{self.description}: {state.global_step} steps in {logs['train_runtime']:.0f} s "
+                f"(mean loss {format_value(logs.get('train_loss', float('nan')))})"
+            )
+            return
+        # Latest value of each: a GRPO step without a generation round logs no reward.
+        self.latest.update({label: format_value(logs[key]) for label, key in self.metrics.items() if key in logs})
+        if self.latest:
+            self.bar.set_postfix({label: self.latest[label] for label in self.metrics if label in self.latest})
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.bar.close()
+        self.close()
+
+    def close(self) -> None:
+        """End the bar (also when training stops early, so it is not redrawn after the last message)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def ignore_known_notices() -> None:
+    """Ignore the deprecation notices of TRL's and transformers' code that a user cannot act on (each named here).
+
+    TRL 1.16 still calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
+    `activation_checkpointing`) whenever a TRL config is built."""
+    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+@contextlib.contextmanager
+def dropped_log_messages(logger_name: str, *prefixes: str):
+    """Drop, while the block runs, the records of logger `logger_name` whose message starts with one of `prefixes`
+    (each use says why the message is harmless); every other record of that logger passes."""
+    logger = logging.getLogger(logger_name)
+    drop = _DropMessages(prefixes)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)

@@ -24,10 +24,17 @@ SUMMARY_ROWS = (
 
 def format_summary(before: dict, after: dict) -> str:
     """A fixed-width before/after table of the tool-use metrics."""
-    lines = [f"{'metric':<36}{'before':>10}{'after':>10}"]
+    return format_columns({"before": before, "after": after})
+
+
+def format_columns(columns: dict[str, dict]) -> str:
+    """A fixed-width table of the tool-use metrics, one column per named summary ("n/a" for a missing number)."""
+    lines = [f"{'metric':<36}" + "".join(f"{name:>10}" for name in columns)]
     for label, key, fmt in SUMMARY_ROWS:
-        cells = [fmt.format(run[key]) if run.get(key) == run.get(key) else "n/a" for run in (before, after)]
-        lines.append(f"{label:<36}{cells[0]:>10}{cells[1]:>10}")
+        cells = [
+            fmt.format(run[key]) if run.get(key) == run.get(key) and key in run else "n/a" for run in columns.values()
+        ]
+        lines.append(f"{label:<36}" + "".join(f"{cell:>10}" for cell in cells))
     return "\n".join(lines)
 
 
@@ -85,6 +92,53 @@ class BeforeAfterReport:
         self.reward_fn = correctness_reward(reward_funcs, trainer.args)
         self.samples_per_problem, self.temperature = samples_per_problem, temperature
         self.results: dict[str, dict] = {}
+        self.path = os.path.join(trainer.args.output_dir, "summary.json")
+
+    def settings(self) -> dict:
+        """What the held-out numbers depend on besides the model: a saved "before" is reused only when they match."""
+        args = self.trainer.args
+        return {
+            "num_problems": len(self.dataset),
+            "samples_per_problem": self.samples_per_problem,
+            "temperature": self.temperature,
+            "max_completion_length": args.max_completion_length,
+            "max_tool_calls": args.max_tool_calling_iterations,
+            "seed": args.seed,
+        }
+
+    def measure_before(self, reuse_saved: bool = False) -> None:
+        """Evaluate the starting model and write its numbers to `summary.json` at once (printing them), so that an
+        interrupted run keeps them; with `reuse_saved` (a resumed run) take them from that file instead when it
+        holds them for the same settings."""
+        trainer = self.trainer
+        saved = self._saved_before() if reuse_saved else None
+        if saved is not None:
+            self.results["before"] = saved
+            trainer.accelerator.print(f"Held-out numbers before training: reused from {self.path}.")
+            return
+        self.measure("before")
+        if trainer.accelerator.is_main_process:
+            before = self.results["before"]
+            self._write({"settings": self.settings(), "before": before})
+            table = format_columns({"before": before})
+            trainer.accelerator.print(
+                f"\nHeld-out tool use before training, {before['num_problems']} problems:\n{table}\n"
+                f"Written to {self.path}.\n"
+            )
+
+    def _saved_before(self) -> dict | None:
+        if not os.path.exists(self.path):
+            return None
+        with open(self.path) as handle:
+            saved = json.load(handle)
+        return saved.get("before") if saved.get("settings") == self.settings() else None
+
+    def _write(self, content: dict) -> None:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        temporary = f"{self.path}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump(content, handle, indent=2)
+        os.replace(temporary, self.path)
 
     def measure(self, label: str) -> None:
         trainer = self.trainer
@@ -110,7 +164,5 @@ class BeforeAfterReport:
         before, after = self.results["before"], self.results["after"]
         table = format_summary(before, after)
         trainer.accelerator.print(f"\nHeld-out tool use, {before['num_problems']} problems:\n{table}\n")
-        path = os.path.join(trainer.args.output_dir, "summary.json")
-        with open(path, "w") as handle:
-            json.dump({"before": before, "after": after}, handle, indent=2)
-        trainer.accelerator.print(f"Summary written to {path}.")
+        self._write({"settings": self.settings(), "before": before, "after": after})
+        trainer.accelerator.print(f"Summary written to {self.path}.")

@@ -16,7 +16,6 @@ import importlib
 import math
 import os
 import sys
-import warnings
 from dataclasses import dataclass, field
 
 from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
@@ -288,8 +287,9 @@ def parse_checked(parser: TrlParser, config: dict, argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> None:
-    # TRL 1.16 still calls transformers' renamed gradient-checkpointing API; the notices say nothing to a user.
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    from .progress import ignore_known_notices
+
+    ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         from .cli_config import train_help
@@ -305,7 +305,60 @@ def main(argv: list[str] | None = None) -> None:
         functions = resolve_functions(parsed[0])
     except ConfigurationError as error:
         report("trl-aspo train", error)
-    run(*parsed, functions=functions)
+    run_until_interrupted(argv, parsed, functions)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
+
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
+
+
+def run_until_interrupted(argv: list[str], parsed, functions: tuple[list, list] | None = None) -> None:
+    """`run` a parsed command line; on Ctrl-C print one line naming the latest checkpoint and the command that
+    resumes from it (main process only) and exit with status 130, the shell's code for SIGINT, without a traceback."""
+    from .resume import interrupt_message
+
+    config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    try:
+        run(
+            *parsed,
+            functions=functions,
+            config_name=os.path.splitext(os.path.basename(config))[0] if config else None,
+        )
+    except KeyboardInterrupt as interrupt:
+        if os.environ.get("RANK", "0") == "0":
+            step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
+            print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def curves_title(name: str, training_args) -> str:
+    """'quickstart: spo++ advantages, aspo loss, tool shaping, 80 steps': the training curves' title."""
+    parts = [
+        f"{getattr(training_args, 'advantage_estimator', 'group')} advantages",
+        f"{training_args.loss_type} loss",
+        "tool shaping" if getattr(training_args, "tool_shaping", False) else "no tool shaping",
+        f"{training_args.max_steps} steps" if training_args.max_steps > 0 else None,
+    ]
+    return f"{name}: " + ", ".join(part for part in parts if part)
+
+
+def use_console_progress(trainer, callbacks: list | None) -> None:
+    """Replace transformers' progress bar, which prints every logged metric as a dict, by `callbacks` when given,
+    else by a bar showing `TRAIN_CONSOLE_METRICS` (everything logged still reaches the trackers and log history)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    from .progress import TRAIN_CONSOLE_METRICS, MetricProgressCallback
+
+    had_bar = any(isinstance(callback, ProgressCallback) for callback in trainer.callback_handler.callbacks)
+    if not callbacks and not had_bar:
+        return  # disable_tqdm: the user asked for transformers' plain log lines
+    trainer.remove_callback(ProgressCallback)
+    for callback in callbacks or [MetricProgressCallback("train", TRAIN_CONSOLE_METRICS)]:
+        trainer.add_callback(callback)
 
 
 def run(
@@ -315,15 +368,22 @@ def run(
     dataset_args: DatasetMixtureConfig,
     callbacks: list | None = None,
     functions: tuple[list, list] | None = None,
+    config_name: str | None = None,
 ):
     """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given;
-    `functions` are the (reward_funcs, tools) `resolve_functions` returned, resolved here when not given."""
-    from transformers.trainer_callback import ProgressCallback
+    `functions` are the (reward_funcs, tools) `resolve_functions` returned, resolved here when not given;
+    `config_name` titles the training curves (default: the output folder's name).
+
+    `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
+    `TrainingInterrupted` with the step it stopped at."""
+    from .progress import MetricProgressCallback
+    from .resume import resolve_resume_checkpoint
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
     reward_funcs, tools = functions if functions is not None else resolve_functions(script_args)
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
     if script_args.trainer == "async":
         trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
@@ -331,10 +391,7 @@ def run(
         trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
     if training_args.max_steps <= 0 or getattr(trainer, "_epoch_stop_groups", None) is not None:
         trainer.accelerator.print(training_length_message(trainer, train_dataset))
-    if callbacks:
-        trainer.remove_callback(ProgressCallback)
-        for callback in callbacks:
-            trainer.add_callback(callback)
+    use_console_progress(trainer, callbacks)
     report = None
     if script_args.evaluate_before_after:
         from .report import BeforeAfterReport
@@ -347,8 +404,16 @@ def run(
             script_args.eval_samples_per_problem,
             script_args.eval_temperature,
         )
-        report.measure("before")
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        report.measure_before(reuse_saved=resume is not None)
+    if resume is not None:
+        trainer.accelerator.print(f"Resuming from {resume}.")
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, MetricProgressCallback):
+                callback.close()
+        raise TrainingInterrupted(trainer.state.global_step) from None
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if report is not None:
@@ -357,7 +422,13 @@ def run(
     if script_args.plot and trainer.accelerator.is_main_process:
         from .plotting import plot_training_curves
 
-        path = plot_training_curves(trainer.state.log_history, training_args.output_dir)
+        heldout = None
+        if report is not None:
+            heldout = {"initial": report.results["before"]["accuracy"], "final": report.results["after"]["accuracy"]}
+        title = curves_title(
+            config_name or os.path.basename(os.path.normpath(training_args.output_dir)), training_args
+        )
+        path = plot_training_curves(trainer.state.log_history, training_args.output_dir, title=title, heldout=heldout)
         trainer.accelerator.print(f"Training curves saved to {path}.")
     trainer.accelerator.wait_for_everyone()
     return trainer

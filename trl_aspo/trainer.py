@@ -43,6 +43,7 @@ from .losses import (
 from .lr_schedule import per_generation_lr_lambda
 from .multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
 from .prompt_ids import prompt_keys
+from .resume import TiedWeightsCheckpointMixin
 from .sampler import PrioritizedRepeatSampler, effective_num_prompts
 from .shaping import shaping_stats
 from .single_stream import (
@@ -112,7 +113,7 @@ def _with_overlong_penalty(reward_funcs, args: GRPOConfig):
     return [*funcs, penalty], args
 
 
-class ASPOTrainer(GRPOTrainer):
+class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
     """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
     advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).
 

@@ -11,6 +11,7 @@ arXiv:2402.03300; the ratio is PPO's, Schulman et al. 2017, arXiv:1707.06347).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 
 import torch
@@ -35,6 +36,12 @@ def _truncations(top_k: int, top_p: float, min_p: float | None, repetition_penal
     if min_p:
         processors.append(MinPLogitsWarper(min_p))
     return processors
+
+
+def _cache_argument(model) -> str:
+    """The name of the KV-cache argument (and output) of `model.forward`: transformers renamed `past_key_values` to
+    `cache` (the old name still works there, with a deprecation notice per run)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
@@ -70,13 +77,14 @@ def sample_completion(
     device = next(model.parameters()).device
     sequence = torch.tensor([prompt_ids], device=device)
     step_input, cache = sequence, None
+    cache_argument = _cache_argument(model)
     token_ids, log_probs = [], []
     was_training = model.training
     model.eval()
     try:
         for _ in range(max_tokens):
-            outputs = model(input_ids=step_input, past_key_values=cache, use_cache=True)
-            cache = outputs.past_key_values
+            outputs = model(input_ids=step_input, use_cache=True, **{cache_argument: cache})
+            cache = outputs[cache_argument]
             scaled = outputs.logits[:, -1, :].float() / temperature
             probs = torch.softmax(truncations(sequence, scaled.clone()), dim=-1)
             token = torch.multinomial(probs, 1, generator=generator)

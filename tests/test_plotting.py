@@ -1,0 +1,100 @@
+"""The training-curve and comparison figures and results.md, on synthetic log histories with known values."""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from trl_aspo import plotting  # noqa: E402
+from trl_aspo.experiments import results_table  # noqa: E402
+
+
+def history(steps: int, reward_slope: float = 0.1) -> list[dict]:
+    """A spo++-like run: rising reward, loss, tool-call rate, and a zero-advantage share that is 0 at every step."""
+    rows = [
+        {
+            "step": step,
+            "reward": reward_slope * step,
+            "loss": 1.0 / step,
+            "tools/tool_call_frac": 0.5,
+            "zero_advantage_share": 0.0,
+        }
+        for step in range(1, steps + 1)
+    ]
+    return [*rows, {"step": steps, "train_runtime": 3.0}]
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """The figures the plotting functions save, kept open for inspection."""
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure))
+    yield figures
+    close("all")
+
+
+def test_training_curves_title_names_config_and_heldout_numbers_with_integer_ticks(tmp_path, saved_figures):
+    path = plotting.plot_training_curves(
+        history(4),
+        str(tmp_path),
+        title="quickstart: spo++ advantages, aspo loss, tool shaping, 4 steps",
+        heldout={"initial": 0.242, "final": 0.634},
+    )
+    assert path == str(tmp_path / "training_curves.png")
+    (figure,) = saved_figures
+    assert figure._suptitle.get_text() == (
+        "quickstart: spo++ advantages, aspo loss, tool shaping, 4 steps; held-out accuracy 24.2% before, 63.4% after"
+    )
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    # Friendly names; the zero-advantage share is 0 at every step, so it is listed under the figure instead.
+    assert titles == ["training reward", "loss", "tool-call rate"]
+    assert "Not drawn, zero at every logged step: zero-advantage share." in [text.get_text() for text in figure.texts]
+    for axis in figure.axes[:3]:
+        ticks = [tick for tick in axis.get_xticks() if axis.get_xlim()[0] <= tick <= axis.get_xlim()[1]]
+        assert ticks and all(float(tick).is_integer() for tick in ticks), ticks
+    reward_line = figure.axes[0].lines[0]
+    assert list(reward_line.get_xdata()) == [1, 2, 3, 4]
+    assert list(reward_line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+def test_comparison_tells_coinciding_variants_apart_and_names_panels_alike(tmp_path, saved_figures):
+    same = history(6)
+    runs = {
+        name: [{"history": same, "completions_per_step": None, "heldout": {"initial": 0.2, "final": 0.5}}]
+        for name in ("off", "on")
+    }
+    plotting.plot_comparison(runs, str(tmp_path / "c.png"), extra_metrics=("tools/tool_call_frac",), smoothing=1)
+    (figure,) = saved_figures
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    assert titles == ["training reward", "held-out accuracy", "tool-call rate"]
+    reward_lines = figure.axes[0].lines
+    assert [line.get_ydata().tolist() for line in reward_lines] == [[0.1 * s for s in range(1, 7)]] * 2
+    # Identical curves stay distinguishable: different dashes and markers.
+    assert len({(str(line.get_linestyle()), line.get_marker()) for line in reward_lines}) == 2
+    (legend,) = figure.legends
+    assert [text.get_text() for text in legend.get_texts()] == ["off (n=1)", "on (n=1)"]
+    assert "zero-advantage share" in figure.texts[-1].get_text()
+    ticks = figure.axes[0].get_xticks()
+    assert all(float(tick).is_integer() for tick in ticks)
+
+
+def test_results_md_shows_heldout_fractions_as_percentages():
+    summaries = [
+        {"history": history(4), "train_minutes": 1.0, "heldout": {"accuracy": accuracy, "tool_call_rate": 0.9}}
+        for accuracy in (0.40, 0.50)
+    ]
+    table, numbers = results_table({"on": summaries}, [], {"accuracy": 0.242, "tool_call_rate": 0.402})
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]] for line in table.splitlines()
+    }
+    # mean 45.0%, sample sd of (40, 50) = 7.07 points
+    assert rows["held-out accuracy"] == ["24.2%", "45.0% ± 7.1"]
+    assert rows["held-out tool-call rate"] == ["40.2%", "90.0% ± 0.0"]
+    assert rows["reward-curve area (mean training reward)"] == ["n/a", "0.250 ± 0.000"]
+    assert numbers["mean_sd"]["on"]["held-out accuracy"][0] == pytest.approx(0.45)
+    assert math.isclose(numbers["mean_sd"]["on"]["held-out accuracy"][1], math.sqrt(0.005))

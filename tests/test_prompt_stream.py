@@ -15,18 +15,15 @@ import torch
 from async_common import MODEL, async_fields, calculator_tokenizer, trainer_with_local_worker
 
 from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
-from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.builtin.task import correctness_reward, make_dataset
 from trl_aspo.prompt_ids import prompt_key
 from trl_aspo.prompt_stream import (
-    PrioritizedAsyncRolloutLoop,
     PrioritizedLocalRolloutLoop,
     PrioritizedPromptLoop,
-    PrioritizedUrllibRolloutLoop,
     PromptDispatches,
     PromptPriorities,
     TrackedLocalRolloutLoop,
     TrackedRolloutSample,
-    TrackedUrllibRolloutLoop,
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
@@ -115,29 +112,16 @@ def test_a_spawned_child_sees_weights_updated_after_it_started():
 # Attaching to workers
 
 
-def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, tokenizer):
+def test_attach_swaps_the_loop_of_the_local_worker_and_refuses_others(tmp_path, tokenizer):
     from trl.experimental.async_grpo import AsyncGRPOConfig
-    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
-
-    from trl_aspo.async_infra import UrllibRolloutWorker
 
     dataset = make_dataset("train", 4, seed=0)
     priorities = PromptPriorities(torch.full((4,), 0.5))
-    trl_worker = UrllibRolloutWorker(dataset=dataset, num_generations=2)
-    attach_prompt_priorities(trl_worker, priorities)
-    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
-    assert trl_worker._loop_kwargs["prompt_priorities"] is priorities
-    assert pickle.loads(pickle.dumps(PrioritizedUrllibRolloutLoop)) is PrioritizedUrllibRolloutLoop  # by reference
-    attach_prompt_priorities(trl_worker, priorities)  # a prioritized loop stays
-    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
-    trl_worker._loop_cls = _AsyncRolloutLoop  # TRL's own loop (vLLM over aiohttp)
-    attach_prompt_priorities(trl_worker, priorities)
-    assert trl_worker._loop_cls is PrioritizedAsyncRolloutLoop
-
     args = AsyncGRPOConfig(**async_fields(tmp_path, num_generations=2))
     local = LocalRolloutWorker(MODEL, tokenizer, dataset, correctness_reward, args)
     attach_prompt_priorities(local, priorities)
     assert local._loop_cls is PrioritizedLocalRolloutLoop
+    assert pickle.loads(pickle.dumps(PrioritizedLocalRolloutLoop)) is PrioritizedLocalRolloutLoop  # by reference
     # A worker resumed at group 5 (TRL's dataset_start_index) draws groups 5, 6, ... under TRL's group ids 0, 1, ...
     local._loop_kwargs["dataset_start_index"] = 5
     loop = local._loop_cls(**local._loop_kwargs)
@@ -147,12 +131,14 @@ def test_attach_swaps_the_loop_of_trl_workers_and_refuses_others(tmp_path, token
     assert [next(stream) for _ in range(6)] == expected
     loop._sampler.shutdown()
 
-    class OtherLoop(type(trl_worker)._loop_cls):
+    from trl_aspo.async_infra.local_worker import _LocalRolloutLoop
+
+    class OtherLoop(_LocalRolloutLoop):
         pass
 
-    trl_worker._loop_cls = OtherLoop
+    local._loop_cls = OtherLoop
     with pytest.raises(TypeError, match="prioritized_sampling=True: the worker's loop class .*OtherLoop has no"):
-        attach_prompt_priorities(trl_worker, priorities)
+        attach_prompt_priorities(local, priorities)
     with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a object"):
         attach_prompt_priorities(object(), priorities)
     assert issubclass(PrioritizedLocalRolloutLoop, PrioritizedPromptLoop)
@@ -274,62 +260,6 @@ def test_prioritized_sampling_refuses_a_non_map_dataset_and_other_workers(tmp_pa
 
     with pytest.raises(TypeError, match="prioritized_sampling=True draws prompts .* got a OwnWorker"):
         AsyncASPOTrainer(MODEL, **common, train_dataset=dataset, rollout_worker=OwnWorker())
-
-
-@pytest.mark.slow
-def test_trl_worker_process_draws_from_the_shared_weights(tmp_path, tokenizer):
-    """TRL's own spawned worker (urllib transport, stand-in vLLM server): the tracker state crosses the process
-    boundary as the weights the child draws from, also when it changes after the child was spawned."""
-    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
-
-    install_cpu_fallbacks()
-    dataset = make_dataset("train", 16, seed=0)
-    init_file, certain = certain_half_init_file(tmp_path, dataset)
-    revived = prompt_key(dataset[0]["prompt"])  # certain (never drawn) until the child has been spawned
-    server = StandInVLLMServer(MODEL).start()
-    try:
-        args = AsyncASPOConfig(
-            **prioritized_fields(tmp_path, init_file, max_steps=2, max_inflight_tasks=1),
-            vllm_server_base_url=server.url,
-        )
-        trainer = AsyncASPOTrainer(
-            MODEL,
-            reward_funcs=correctness_reward,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            tools=[calculator],
-            weight_transfer=HTTPWeightTransfer(server.url),
-        )
-        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
-        assert trainer.rollout_worker._loop_cls is PrioritizedUrllibRolloutLoop
-        spawn = trainer.rollout_worker.start
-
-        def spawn_then_swap_certainty():
-            spawn()
-            # Now the tracker deems every prompt certain but `revived`, which starts afresh at Beta(0.5, 0.5).
-            others = [key for key in trainer._dataset_keys if key != revived]
-            trainer._scorer.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
-            trainer._scorer.tracker.set_pseudo_counts([revived], [0.5], [0.5])
-            trainer._after_tracker_restored()
-
-        trainer.rollout_worker.start = spawn_then_swap_certainty
-        samples = recording_scores(trainer)
-        trainer.train()
-    finally:
-        server.stop()
-    keys = [prompt_key(sample.prompt) for sample in samples]
-    assert len(keys) >= 8 and set(keys) <= set(trainer._dataset_keys)
-    # With the weights as the child was spawned, `revived` (weight ~2e-6 against >= 8 * 0.1) comes up with
-    # probability < 2e-5 per draw; after the swap it carries all but ~15 * 2e-6 / 0.5 of the weight. Groups drawn
-    # before the swap (the child starts drawing as soon as it is up) come from the uncertain half.
-    assert revived in keys
-    assert not set(keys) & (certain - {revived})
-    assert keys[-1] == revived
-    assert trainer._scorer.tracker.visits([revived]).item() == keys.count(revived)
-    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
-    assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
 
 
 @pytest.mark.slow
@@ -470,63 +400,3 @@ def test_the_loop_stamps_rows_with_their_conversation_and_prompt_dispatch(tmp_pa
     copied = pickle.loads(pickle.dumps(samples[1]))
     assert (copied.rollout_id, copied.prompt_dispatch_version, copied.input_ids.tolist()) == ("r1", 3, [1, 2, 3])
     assert dispatches.state_dict() == {prompt_key(row["prompt"]): 3}
-
-
-def test_attach_rollout_tracking_swaps_the_loop_and_keeps_a_prioritized_one(tmp_path, tokenizer):
-    from trl_aspo.async_infra import UrllibRolloutWorker
-
-    dataset = make_dataset("train", 4, seed=0)
-    dispatches = PromptDispatches([prompt_key(prompt) for prompt in dataset["prompt"]])
-    trl_worker = UrllibRolloutWorker(dataset=dataset, num_generations=2)
-    attach_rollout_tracking(trl_worker, dispatches)
-    assert trl_worker._loop_cls is TrackedUrllibRolloutLoop
-    assert trl_worker._loop_kwargs["prompt_dispatches"] is dispatches
-    attach_prompt_priorities(trl_worker, PromptPriorities(torch.full((4,), 0.5)))  # tracked -> prioritized
-    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
-    attach_rollout_tracking(trl_worker, dispatches)  # a prioritized loop is a tracked one
-    assert trl_worker._loop_cls is PrioritizedUrllibRolloutLoop
-    with pytest.raises(TypeError, match="only TRL's AsyncRolloutWorker .* got a object"):
-        attach_rollout_tracking(object(), dispatches)
-
-
-@pytest.mark.slow
-def test_trl_worker_process_stamps_first_dispatches_into_the_shared_table(tmp_path, tokenizer):
-    """TRL's own spawned worker (urllib transport, stand-in vLLM server), spo++ without prioritized sampling: the
-    child records each prompt's first dispatch in the table the trainer holds (shared memory, not a copy) and stamps
-    it and TRL's rollout id on every row it sends back; the tracker anchors each prior there."""
-    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.async_infra import HTTPWeightTransfer, StandInVLLMServer, UrllibRolloutWorker
-
-    install_cpu_fallbacks()
-    dataset = make_dataset("train", 16, seed=0)
-    server = StandInVLLMServer(MODEL).start()
-    try:
-        fields = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
-        args = AsyncASPOConfig(
-            **async_fields(tmp_path, **fields), advantage_estimator="spo++", vllm_server_base_url=server.url
-        )
-        trainer = AsyncASPOTrainer(
-            MODEL,
-            reward_funcs=correctness_reward,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            tools=[calculator],
-            weight_transfer=HTTPWeightTransfer(server.url),
-        )
-        assert isinstance(trainer.rollout_worker, UrllibRolloutWorker)
-        assert trainer.rollout_worker._loop_cls is TrackedUrllibRolloutLoop
-        samples = recording_scores(trainer)
-        trainer.train()
-    finally:
-        server.stop()
-    dispatches = trainer._prompt_dispatches.state_dict()
-    priors = trainer._scorer.tracker.state_dict()["prior"]
-    assert len(samples) >= 8 and all(isinstance(sample, TrackedRolloutSample) for sample in samples)
-    for sample in samples:
-        key = prompt_key(sample.prompt)
-        assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
-    # One rollout id per conversation: a group of 2 has 2 (no forks in these short single-call conversations).
-    for group in {sample.group_id for sample in samples}:
-        rollouts = {sample.rollout_id for sample in samples if sample.group_id == group}
-        assert len(rollouts) == 2 and None not in rollouts

@@ -23,7 +23,7 @@ Crossing the process boundary: the weights live in a tensor in shared memory (`T
 child the tensor's storage, not a copy, so every weight the trainer writes after the spawn is what the child's loop
 reads. (`pickle.dumps`, TRL's up-front picklability check, copies the values, which is all that check needs.)
 `attach_prompt_priorities` gives a worker a prioritized loop class (`PrioritizedPromptLoop` mixed into TRL's loop,
-the urllib loop or the local worker's loop; module-level, so spawn pickles them by reference) and the weights.
+or the local worker's loop; module-level, so spawn pickles them by reference) and the weights.
 
 What the value tracker needs from the worker (`TrackedRolloutLoop`, attached by `attach_rollout_tracking`; every
 prioritized loop is one too), stamped on each row it emits as a `TrackedRolloutSample`:
@@ -49,7 +49,6 @@ import numpy as np
 import torch
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, RolloutSample, _AsyncRolloutLoop
 
-from .async_infra.http_transport import UrllibRolloutLoop
 from .async_infra.local_worker import LocalRolloutWorker, _LocalRolloutLoop
 from .sampler import _round_seed, effective_num_prompts, priority_weights
 
@@ -249,10 +248,6 @@ class TrackedAsyncRolloutLoop(TrackedRolloutLoop, _AsyncRolloutLoop):
     """TRL's rollout loop (vLLM over aiohttp) emitting `TrackedRolloutSample`s."""
 
 
-class TrackedUrllibRolloutLoop(TrackedRolloutLoop, UrllibRolloutLoop):
-    """`UrllibRolloutLoop` emitting `TrackedRolloutSample`s."""
-
-
 class TrackedLocalRolloutLoop(TrackedRolloutLoop, _LocalRolloutLoop):
     """The local worker's loop emitting `TrackedRolloutSample`s."""
 
@@ -261,22 +256,16 @@ class PrioritizedAsyncRolloutLoop(PrioritizedPromptLoop, _AsyncRolloutLoop):
     """TRL's rollout loop (vLLM over aiohttp) drawing its prompts by priority."""
 
 
-class PrioritizedUrllibRolloutLoop(PrioritizedPromptLoop, UrllibRolloutLoop):
-    """`UrllibRolloutLoop` drawing its prompts by priority."""
-
-
 class PrioritizedLocalRolloutLoop(PrioritizedPromptLoop, _LocalRolloutLoop):
     """The local worker's loop drawing its prompts by priority."""
 
 
 TRACKED_LOOPS = {
     _AsyncRolloutLoop: TrackedAsyncRolloutLoop,
-    UrllibRolloutLoop: TrackedUrllibRolloutLoop,
     _LocalRolloutLoop: TrackedLocalRolloutLoop,
 }
 PRIORITIZED_LOOPS = {
     _AsyncRolloutLoop: PrioritizedAsyncRolloutLoop,
-    UrllibRolloutLoop: PrioritizedUrllibRolloutLoop,
     _LocalRolloutLoop: PrioritizedLocalRolloutLoop,
 }
 # A tracked loop becomes the prioritized loop of the same base (both attachments may apply, in either order).

@@ -4,28 +4,22 @@
   trainer's weight syncs update, with optional seeded latency jitter (out-of-order, stale samples);
   `LocalWorkerResumeMixin` resumes it at the first untrained prompt.
 - `varlen_attention` / `install_tree_attention_fallback`: the packed tree attention without the FA3 kernel.
-- `StandInVLLMServer` + `HTTPWeightTransfer`: a minimal local stand-in of the vLLM endpoints TRL's own worker process
-  and clients call, serving a model with transformers on CPU.
-- `install_cpu_fallbacks()`: routes the trainer to the above only where TRL's originals are unavailable.
+- `install_cpu_fallbacks()`: the attention kernel and FLOPs lookup only where TRL's originals cannot run.
+
+TRL's own rollout worker against a real vLLM server (vLLM's CPU build on a laptop) needs nothing from here but the
+fallbacks: `AsyncASPOTrainer` syncs weights into it with `trl_aspo.vllm_cpu.CPUWeightTransfer` on a CPU.
 """
 
 from .fallbacks import install_cpu_fallbacks
 from .generation import load_named_tensors, sample_completion
-from .http_transport import HTTPWeightTransfer, UrllibRolloutLoop, UrllibRolloutWorker, UrllibVLLMClient
 from .local_worker import LocalRolloutWorker, LocalWeightTransfer, LocalWorkerResumeMixin
 from .model_paths import resolve_model_path
-from .standin_server import StandInVLLMServer
 from .tree_attention import install_tree_attention_fallback, varlen_attention
 
 __all__ = [
-    "HTTPWeightTransfer",
     "LocalRolloutWorker",
     "LocalWeightTransfer",
     "LocalWorkerResumeMixin",
-    "StandInVLLMServer",
-    "UrllibRolloutLoop",
-    "UrllibRolloutWorker",
-    "UrllibVLLMClient",
     "install_cpu_fallbacks",
     "install_tree_attention_fallback",
     "load_named_tensors",

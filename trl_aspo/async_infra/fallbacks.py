@@ -1,23 +1,18 @@
-"""`install_cpu_fallbacks()`: what lets TRL's plain `AsyncGRPOTrainer` run on a CPU machine without network.
+"""`install_cpu_fallbacks()`: what lets TRL's `AsyncGRPOTrainer` run on a CPU machine without network.
 
 Each replacement takes effect only where TRL's original cannot work:
 
 - the FA3 tree-attention kernel (CUDA + the Hub): TRL's kernel lookup falls back to `varlen_attention`;
-- `requests` not installed: the trainer's `VLLMClient` becomes `UrllibVLLMClient` (same endpoints, same answers);
 - a device that is not CUDA: TRL's peak-FLOPs lookup (`torch.cuda.get_device_name`, which fails on a CPU build)
-  answers "unknown", its documented answer for unlisted devices, which turns the MFU metrics off;
-- `vllm`/`aiohttp` not installed: the trainer's default `AsyncRolloutWorker` becomes `UrllibRolloutWorker` (TRL's
-  spawned worker process and loop, HTTP on `urllib`), which a stand-in server can serve.
+  answers "unknown", its documented answer for unlisted devices, which turns the MFU metrics off.
 
-Weight sync is not replaced: pass `weight_transfer=` (`LocalWeightTransfer` or `HTTPWeightTransfer`), the trainer's
-public plug-in point.
+`AsyncASPOTrainer` installs them by itself on a CPU. Weight sync is not replaced here: it is the trainer's
+`weight_transfer=` plug-in point (`trl_aspo.vllm_cpu.CPUWeightTransfer` for a vLLM server on CPU, which
+`AsyncASPOTrainer` picks on a CPU; `LocalWeightTransfer` for the local worker).
 """
 
 from __future__ import annotations
 
-from trl.import_utils import is_aiohttp_available, is_requests_available, is_vllm_available
-
-from .http_transport import UrllibRolloutWorker, UrllibVLLMClient
 from .tree_attention import install_tree_attention_fallback
 
 
@@ -34,7 +29,3 @@ def install_cpu_fallbacks() -> None:
 
         peak_flops_per_device.knows_non_cuda_devices = True
         async_grpo_trainer.get_peak_flops_per_device = peak_flops_per_device
-    if not is_requests_available():
-        async_grpo_trainer.VLLMClient = UrllibVLLMClient
-    if not (is_vllm_available() and is_aiohttp_available()):
-        async_grpo_trainer.AsyncRolloutWorker = UrllibRolloutWorker

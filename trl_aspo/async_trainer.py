@@ -50,8 +50,8 @@ from .losses import (
     step_loss_normalizer,
     unflipped_sample_mask,
 )
+from .notices import dropped_log_messages
 from .packed import SegmentRows, packed_loss_units
-from .progress import dropped_log_messages
 from .prompt_ids import prompt_key
 from .prompt_stream import PromptDispatches, PromptPriorities, attach_prompt_priorities, attach_rollout_tracking
 from .report import generation_attention

@@ -77,7 +77,7 @@ def train(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .progress import ignore_known_notices
+    from .notices import ignore_known_notices
 
     ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)

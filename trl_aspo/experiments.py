@@ -577,7 +577,7 @@ def load_run(run_dir: str) -> dict:
 
 
 def compare_main(argv: list[str]) -> int:
-    from .progress import ignore_known_notices
+    from .notices import ignore_known_notices
 
     ignore_known_notices()
     parser = argparse.ArgumentParser(

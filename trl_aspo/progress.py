@@ -4,10 +4,6 @@ transformers' dict of every metric per logging step (every metric still goes to 
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import warnings
-
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
@@ -71,33 +67,3 @@ class MetricProgressCallback(TrainerCallback):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def ignore_known_notices() -> None:
-    """Ignore the deprecation notices of TRL's and transformers' code that a user cannot act on (each named here).
-
-    TRL 1.16 still calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
-    `activation_checkpointing`) whenever a TRL config is built."""
-    warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, prefixes: tuple[str, ...]):
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
-
-
-@contextlib.contextmanager
-def dropped_log_messages(logger_name: str, *prefixes: str):
-    """Drop, while the block runs, the records of logger `logger_name` whose message starts with one of `prefixes`
-    (each use says why the message is harmless); every other record of that logger passes."""
-    logger = logging.getLogger(logger_name)
-    drop = _DropMessages(prefixes)
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)

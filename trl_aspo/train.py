@@ -287,7 +287,7 @@ def parse_checked(parser: TrlParser, config: dict, argv: list[str]):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .progress import ignore_known_notices
+    from .notices import ignore_known_notices
 
     ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)

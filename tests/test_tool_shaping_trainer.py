@@ -389,7 +389,10 @@ def test_evaluate_command_with_training_yaml_and_local_model(tmp_path, tiny_toke
         (["--num_samples", "0"], "--num_samples must be >= 1"),
         (["--limit", "-1"], "--limit must be >= 1"),
         (["--split", "validation"], "the built-in task has the splits"),
-        (["--max_completion_lenght", "8"], "unknown arguments: --max_completion_lenght"),
+        (
+            ["--max_completion_lenght", "8"],
+            "--max_completion_lenght (command line): unknown flag; did you mean --max_completion_length?",
+        ),
     ],
 )
 def test_evaluate_command_bad_input(argv, message, capsys):

@@ -12,8 +12,10 @@ def ignore_known_notices() -> None:
     """Ignore the deprecation notices of TRL's and transformers' code that a user cannot act on (each named here).
 
     TRL 1.16 still calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
-    `activation_checkpointing`) whenever a TRL config is built."""
+    `activation_checkpointing`) whenever a TRL config is built. The asynchronous trainer is TRL's experimental
+    `AsyncGRPOTrainer`, which warns at import that experimental APIs may change: the README says so once."""
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"You are importing from 'trl\.experimental'")
 
 
 class _DropMessages(logging.Filter):

@@ -33,6 +33,7 @@ from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+from trl.trainer.utils import get_config_model_id
 
 from .advantage_checks import advantage_sources, check_finite_advantages
 from .aspo_metrics import aspo_metric_ratios, aspo_metric_sums
@@ -204,6 +205,7 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)
             self.weight_transfer.trained_dtype = str(policy.dtype).removeprefix("torch.")
+            self.weight_transfer.model_name = get_config_model_id(policy.config)
         # The rollout worker runs the tools of these arguments (TRL's worker; the CLI hands the same to its local one).
         runs_tools = bool(self._prepass_inputs["tools"]) or self._prepass_inputs["environment_factory"] is not None
         warn_if_tool_shaping_runs_no_tools(self.args, "tools= or environment_factory=", runs_tools)

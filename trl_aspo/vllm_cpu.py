@@ -116,6 +116,10 @@ class VLLMServerReload:
                 )
             time.sleep(1.0)
 
+    def served_models(self) -> list[str]:
+        """The model names the server answers to (`/v1/models`)."""
+        return [entry["id"] for entry in self._request("GET", "/v1/models")["data"]]
+
     def served_dtype(self) -> str:
         """The dtype the server computes in, e.g. 'float32' (from `/server_info`, a development endpoint)."""
         info = self._request("GET", "/server_info", params={"config_format": "json"})["vllm_config"]
@@ -263,6 +267,8 @@ class CPUWeightTransfer:
         aliases: tied names to write out; `AsyncASPOTrainer` sets them from its model.
         trained_dtype: the policy's dtype, to warn when the server computes in another.
         server_timeout: seconds to wait for the server at the start of training.
+        model_name: the name TRL's rollout worker asks the server for (the policy's `name_or_path`); a server that
+            serves another name would answer 404 to every request, which TRL's worker retries for minutes.
     """
 
     def __init__(
@@ -275,6 +281,7 @@ class CPUWeightTransfer:
         self.reload = VLLMServerReload(server_url, aliases)
         self.trained_dtype = trained_dtype
         self.server_timeout = server_timeout
+        self.model_name: str | None = None
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -286,6 +293,13 @@ class CPUWeightTransfer:
 
     def init_weight_transfer(self) -> None:
         self.reload.wait_until_ready(self.server_timeout)
+        served_models = self.reload.served_models()
+        if self.model_name is not None and self.model_name not in served_models:
+            raise ValueError(
+                f"The vLLM server at {self.reload.base_url} serves {served_models}, but the rollout worker asks for "
+                f"{self.model_name!r}: start the server with `--model {self.model_name}` (the same path or hub id as "
+                "the trainer's model), or pass `--served-model-name` to it."
+            )
         served = self.reload.served_dtype()
         if self.trained_dtype is not None:
             warn_on_dtype_mismatch(served, self.trained_dtype, self.reload.base_url)

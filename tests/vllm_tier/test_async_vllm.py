@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from async_common import MODEL, async_fields, calculator_tokenizer
 from dense_reward import digit_share_reward
 from safetensors.torch import load_file
@@ -131,3 +132,25 @@ def test_cli_trains_with_trl_worker(vllm_server, tmp_path):
     assert [row["step"] for row in state["log_history"] if "loss" in row] == [2]  # the config logs every 2 steps
     assert (checkpoint / "aspo_state.json").exists()
     assert (output_dir / "model.safetensors").exists()
+
+
+def test_a_server_serving_another_model_name_is_refused_by_name(vllm_server, tmp_path):
+    """TRL's worker asks the server for the policy's path or hub id; a server started under another name would answer
+    404 to every request (TRL's worker retries them for minutes): the CPU weight transfer refuses at train begin."""
+    import shutil
+
+    from trl_aspo.builtin import CHECKPOINT_DIR
+
+    copy = tmp_path / "tiny-calculator-copy"
+    shutil.copytree(CHECKPOINT_DIR, copy)
+    args = AsyncASPOConfig(**async_fields(tmp_path, vllm_server_base_url=vllm_server.url, **METHOD_FIELDS))
+    trainer = AsyncASPOTrainer(
+        str(copy),
+        reward_funcs=digit_share_reward,
+        args=args,
+        train_dataset=make_dataset("train", 16, seed=0),
+        processing_class=calculator_tokenizer(),
+        tools=[calculator],
+    )
+    with pytest.raises(ValueError, match=f"asks for '{copy}': start the server with `--model {copy}`"):
+        trainer.train()

@@ -319,7 +319,9 @@ def plot_weight_maps(maps: dict[str, dict], path: str) -> str:
     }
     finite = [grid[np.isfinite(grid)] for by_sign in means.values() for grid in by_sign.values()]
     vmax = max([float(values.max()) for values in finite if values.size] or [1.0])
-    figure, axes = plt.subplots(2, len(maps), figsize=(4.4 * len(maps) + 1.2, 8.0), squeeze=False)
+    figure, axes = plt.subplots(
+        2, len(maps), figsize=(4.4 * len(maps) + 1.4, 9.0), squeeze=False, layout="constrained"
+    )
     image = None
     for column, (label, state) in enumerate(maps.items()):
         for row, (sign, sign_text) in enumerate(signs):

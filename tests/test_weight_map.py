@@ -209,3 +209,40 @@ def test_plot_weights_names_a_run_without_a_map(tmp_path, capsys):
     with pytest.raises(SystemExit):
         plot_main([str(tmp_path), "--weights"])
     assert f"no {WEIGHT_MAP_FILE} in the folder" in capsys.readouterr().err
+
+
+def test_a_resumed_run_continues_the_checkpoints_map(tiny_tokenizer, calculator_dataset, tiny_config):
+    from trl_aspo import ASPOTrainer
+    from trl_aspo.builtin import build_random_model
+
+    fields = dict(loss_type="aspo", num_iterations=2, max_completion_length=8, log_weight_map=True)
+    first_args = tiny_config(**fields, max_steps=2, save_strategy="steps", save_steps=2)
+    first_class = _CountingTrainer.build(ASPOTrainer)
+    first = first_class(
+        build_random_model(tiny_tokenizer, seed=0),
+        [digit_share_reward],
+        first_args,
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    first.train()
+    checkpoint = Path(first_args.output_dir) / "checkpoint-2"
+    saved = json.loads((checkpoint / WEIGHT_MAP_FILE).read_text())
+    saved_total = sum(sum(map(sum, saved["total"][sign]["count"])) for sign in ("positive", "negative"))
+    assert saved_total == first_class.off_policy_tokens > 0
+
+    resumed_args = tiny_config(**fields, max_steps=3)
+    resumed_class = _CountingTrainer.build(ASPOTrainer)
+    resumed = resumed_class(
+        build_random_model(tiny_tokenizer, seed=0),
+        [digit_share_reward],
+        resumed_args,
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+    )
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    state = json.loads((Path(resumed_args.output_dir) / WEIGHT_MAP_FILE).read_text())
+    total = sum(sum(map(sum, state["total"][sign]["count"])) for sign in ("positive", "negative"))
+    assert resumed_class.off_policy_tokens > 0
+    assert total == saved_total + resumed_class.off_policy_tokens
+    assert state["windows"][-1]["first_step"] == 3 and state["windows"][-1]["last_step"] == 3

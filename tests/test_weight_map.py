@@ -246,3 +246,12 @@ def test_a_resumed_run_continues_the_checkpoints_map(tiny_tokenizer, calculator_
     assert resumed_class.off_policy_tokens > 0
     assert total == saved_total + resumed_class.off_policy_tokens
     assert state["windows"][-1]["first_step"] == 3 and state["windows"][-1]["last_step"] == 3
+
+
+def test_plot_weights_refuses_a_map_without_tokens(tmp_path, capsys):
+    from trl_aspo.experiments import plot_main
+
+    WeightMapLog("dapo").write(str(tmp_path))  # what an on-policy run writes: no window was added
+    with pytest.raises(SystemExit):
+        plot_main([str(tmp_path), "--weights"])
+    assert "the map holds no tokens (no off-policy pass was logged" in capsys.readouterr().err

@@ -590,7 +590,13 @@ def load_weight_map(run_dir: str) -> dict:
                 "log_weight_map=true and an off-policy setting)"
             )
         path = checkpoints[-1]
-    return json.loads(path.read_text())
+    state = json.loads(path.read_text())
+    if not any(count for sign in ("positive", "negative") for row in state["total"][sign]["count"] for count in row):
+        raise ValueError(
+            f"{path}: the map holds no tokens (no off-policy pass was logged: set num_iterations > 1 or "
+            "steps_per_generation > gradient_accumulation_steps)"
+        )
+    return state
 
 
 def compare_main(argv: list[str]) -> int:

@@ -126,6 +126,8 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "aspo"]
     _name = "ASPO"
+    # While TRL's own loss runs with log_weight_map: the current log-probs its forward pass computes.
+    _weight_map_logps: list[torch.Tensor] | None = None
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *positional, **kwargs):
         if isinstance(model, str) and model.startswith("builtin:"):
@@ -720,8 +722,9 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         return loss
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """GRPOTrainer's forward pass; inside `_compute_loss` with the weight map on, it also keeps the log-probs."""
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if getattr(self, "_weight_map_logps", None) is not None:
+        if self._weight_map_logps is not None:
             self._weight_map_logps.append(result[0].detach())
         return result
 

@@ -89,6 +89,12 @@ def test_clipped_ratio_weight_by_hand_and_against_trls_term():
     with_delta = clipped_ratio_weight(ratio.log(), torch.zeros_like(ratio), advantages, 0.2, 0.28, delta=1.2)
     _close(with_delta, [[0.5, 0.9, 1.1, 0.0], [0.0, 0.9, 1.1, 0.0]])
     _close(with_delta, _trl_clipped_weight(ratio, advantages, 0.2, 0.28, 1.2))
+    # delta below 1 + eps_high (TRL allows it): A > 0 stops at delta; A < 0 between delta and 1 + eps_high follows the
+    # clipped term c2 = r again.
+    ratio = torch.tensor([[0.5, 0.9, 1.05, 1.2, 1.3]] * 2, dtype=torch.float64)
+    low_delta = clipped_ratio_weight(ratio.log(), torch.zeros_like(ratio), advantages, 0.2, 0.28, delta=1.1)
+    _close(low_delta, [[0.5, 0.9, 1.05, 0.0, 0.0], [0.0, 0.9, 1.05, 1.2, 0.0]])
+    _close(low_delta, _trl_clipped_weight(ratio, advantages, 0.2, 0.28, 1.1))
 
 
 def test_aspo_weight_by_hand_and_against_the_losss_gradient():

@@ -9,6 +9,7 @@ Every policy loss here has, per token, ``d loss / d lp = -A * w``: the loss push
 
     loss                                     A > 0                               A < 0
     TRL's clipped ratio (grpo, dapo, ...)    r if r <= 1+eps_high, else 0        r if r >= 1-eps_low, else 0
+    (without TRL's delta; see clipped_ratio_weight)
     aspo (trl_aspo.losses)                   1/r (flip), 0 if r > 1+eps_high,    r, 0 if r < 1-eps_low,
                                              C_pos if r < 1/C_pos                C_neg if r > C_neg
 
@@ -45,17 +46,22 @@ def clipped_ratio_weight(
     delta: float | None = None,
 ) -> torch.Tensor:
     r"""(B, T) gradient weight ``w`` of TRL's token-level clipped surrogate ``-min(c1 A, c2 A)`` with
-    ``c1 = min(r, delta)``, ``c2 = clip(r, 1-eps_low, 1+eps_high)`` (GRPOTrainer._compute_loss for grpo, bnpo,
-    dr_grpo, dapo, luspo): ``d loss / d lp = -A w`` with ``w = r`` where the unclipped term is the active one and
-    below ``delta``, else 0, i.e. ``A > 0``: ``w = r [r <= 1+eps_high]``; ``A < 0``: ``w = r [1-eps_low <= r <=
-    delta]``. ``advantages`` is (B,) or (B, T)."""
+    ``c1 = min(r, delta)`` (``r`` without ``delta``) and ``c2 = clip(r, 1-eps_low, 1+eps_high)``
+    (GRPOTrainer._compute_loss for grpo, bnpo, dr_grpo, dapo, luspo): ``d loss / d lp = -A w`` with ``w = r`` where
+    the active term (``min(c1, c2)`` for ``A > 0``, ``max(c1, c2)`` for ``A < 0``) still depends on ``r``, else 0.
+    Without ``delta``: ``A > 0``: ``w = r [r <= 1+eps_high]``; ``A < 0``: ``w = r [r >= 1-eps_low]``.
+    ``advantages`` is (B,) or (B, T)."""
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     ratio = torch.exp(per_token_logps.detach().float() - old_per_token_logps.detach().float())
-    active = torch.where(advantages > 0, ratio <= 1 + epsilon_high, ratio >= 1 - epsilon_low)
+    unclipped = (ratio >= 1 - epsilon_low) & (ratio <= 1 + epsilon_high)
+    coef_1, below_delta = ratio, torch.ones_like(unclipped)
     if delta is not None:
-        active = active & ((advantages > 0) | (ratio <= delta))
-    return torch.where(active, ratio, torch.zeros_like(ratio))
+        coef_1, below_delta = ratio.clamp(max=delta), ratio <= delta
+    coef_2 = ratio.clamp(1 - epsilon_low, 1 + epsilon_high)
+    first_active = torch.where(advantages > 0, coef_1 <= coef_2, coef_1 >= coef_2)
+    depends_on_ratio = torch.where(first_active, below_delta, unclipped)
+    return torch.where(depends_on_ratio, ratio, torch.zeros_like(ratio))
 
 
 def aspo_weight(stats: dict[str, torch.Tensor], advantages: torch.Tensor, dual_clip_neg: float) -> torch.Tensor:

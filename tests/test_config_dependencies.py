@@ -32,6 +32,7 @@ SET = {
     "aspo_adaptive_kl_entropy_target": 0.5,
     "kl_clamp": 10.0,
     "lr_schedule_per_generation": True,
+    "log_weight_map": True,
     "overlong_penalty_factor": 0.5,
     "filter_zero_variance_groups": True,
     "tool_shaping_delta": -1.0,
@@ -115,6 +116,19 @@ SWITCHED_OFF = {
         "steps_per_generation": 3,
     },
     ("lr_schedule_per_generation", "a lambda schedule other than 'constant'"): {"lr_scheduler_type": "constant"},
+    ("log_weight_map", "loss_type in ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo', 'aspo')"): {
+        "loss_type": "cispo",
+        "num_iterations": 2,
+    },
+    ("log_weight_map", "importance_sampling_level='token'"): {
+        "importance_sampling_level": "sequence",
+        "num_iterations": 2,
+    },
+    (
+        "log_weight_map",
+        "gradient_accumulation_steps not a multiple of steps_per_generation x num_iterations (or vLLM "
+        "with its IS correction)",
+    ): {},
     # AsyncASPOConfig's own
     ("aspo_unflipped_fraction", "aspo_unflipped_fraction x per_device_train_batch_size > 0.5 (or token_budget > 0)"): {
         **ASPO,

@@ -22,6 +22,7 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
     "kl_clamp": "AsyncGRPOTrainer has no KL term (no reference model)",
+    "log_weight_map": _NOT_YET,
     "lr_schedule_per_generation": "the asynchronous trainer generates continuously: no rounds to step a schedule by",
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,

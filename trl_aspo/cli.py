@@ -7,6 +7,7 @@
     trl-aspo values CHECKPOINT --output values.jsonl                   # per-prompt values of a checkpoint
     trl-aspo compare --config configs/experiments/NAME.yaml                # variants x seeds: figure, table, logs
     trl-aspo plot RUN_DIR [RUN_DIR ...] [--labels ...]                   # the comparison figure of existing runs
+    trl-aspo plot --weights RUN_DIR [RUN_DIR ...]                        # their ASPO weight maps (log_weight_map)
 
 Launcher flags (`--num_processes`, `--accelerate_config`, `--main_process_port`, `--main_process_ip`,
 `--machine_rank`, `--num_machines`, `--mixed_precision`, `--multi_gpu`) must come before `--config`; everything else

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from .tracker import default_prior_strength
+from .weight_map import WEIGHT_MAP_LOSS_TYPES
 
 ADVANTAGE_ESTIMATORS = ("group", "spo", "spo++")
 ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
@@ -406,6 +407,17 @@ class ASPOFieldsMixin:
             "ASPO reference runs (clamp 10; its log-ratio is clamped to [-20, 20] first, for a finite exponential). "
             "None = TRL's unclamped k3. Needs loss_type='aspo' and beta > 0 (TRL's own losses compute the KL inline "
             "in GRPOTrainer._compute_loss, which this option does not replace)."
+        },
+    )
+    log_weight_map: bool = field(
+        default=False,
+        metadata={
+            "help": "Log the ASPO weight map (arXiv 2510.06062): per advantage sign, the sum of each action token's "
+            "gradient weight w (the coefficient of -A * grad(log pi)) and the token count in a 10 x 10 grid of "
+            "(old probability, current probability) bins, summed over each logging window and all ranks and "
+            "written to weight_map.json in output_dir (and every checkpoint); `trl-aspo plot --weights` draws it. "
+            "Collected on off-policy passes only (TRL passes behaviour log-probs only then). Needs loss_type 'aspo' "
+            "or a clipped-ratio loss (grpo, bnpo, dr_grpo, dapo, luspo) and importance_sampling_level='token'."
         },
     )
     lr_schedule_per_generation: bool = field(
@@ -857,6 +869,32 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
                 "aspo_unflipped_fraction x generation_batch_size > 0.5",
                 lambda c: c.aspo_unflipped_fraction * c.generation_batch_size > 0.5,
                 "round(fraction x the round's positive-advantage completions) are left unflipped, 0 in every round",
+            ),
+            Dependency(
+                "log_weight_map",
+                ("loss_type",),
+                f"loss_type in {WEIGHT_MAP_LOSS_TYPES}",
+                lambda c: c.loss_type in WEIGHT_MAP_LOSS_TYPES,
+                "the map needs each token's gradient weight, which trl_aspo.weight_map gives for these losses",
+            ),
+            Dependency(
+                "log_weight_map",
+                ("importance_sampling_level",),
+                "importance_sampling_level='token'",
+                lambda c: c.importance_sampling_level == "token",
+                "a sequence-level ratio weighs every token of a completion alike",
+            ),
+            Dependency(
+                "log_weight_map",
+                ("num_iterations", "steps_per_generation", "gradient_accumulation_steps"),
+                "gradient_accumulation_steps not a multiple of steps_per_generation x num_iterations (or vLLM with "
+                "its IS correction)",
+                lambda c: (
+                    c.gradient_accumulation_steps % (c.steps_per_generation * c.num_iterations) != 0
+                    or (c.use_vllm and c.vllm_importance_sampling_correction)
+                ),
+                "the map is collected on off-policy passes, and every pass is on-policy (ratio 1, weight 1)",
+                refuse=False,
             ),
             Dependency(
                 "lr_schedule_per_generation",

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from .cli_config import ConfigurationError, report
-from .plotting import plot_comparison
+from .plotting import plot_comparison, plot_weight_maps
 
 EXPERIMENT_KEYS = {
     "description": "free text, printed at the top of results.md",
@@ -48,6 +48,8 @@ EVALUATION_KEYS = {
 # Set by `compare` itself for each run.
 RESERVED_KEYS = ("seed", "output_dir")
 SUMMARY_FILE = "run_summary.json"
+# trl_aspo.weight_map.WEIGHT_MAP_FILE, named here because that module imports torch and `plot` does not need it.
+WEIGHT_MAP_FILE = "weight_map.json"
 # Logged metrics whose end-of-training value goes into the table (when logged).
 TABLE_METRICS = ("reward", "entropy", "tools/first_call_position", "tools/tool_call_frac", "zero_advantage_share")
 HELDOUT_METRICS = (
@@ -576,6 +578,27 @@ def load_run(run_dir: str) -> dict:
     return run
 
 
+def load_weight_map(run_dir: str) -> dict:
+    """`weight_map.json` (ASPOConfig.log_weight_map) of a training output folder, else of its latest checkpoint."""
+    folder = Path(run_dir)
+    path = folder / WEIGHT_MAP_FILE
+    if not path.exists():
+        checkpoints = sorted(folder.glob(f"checkpoint-*/{WEIGHT_MAP_FILE}"), key=lambda p: int(p.parent.name[11:]))
+        if not checkpoints:
+            raise ValueError(
+                f"{run_dir}: no {WEIGHT_MAP_FILE} in the folder or in a checkpoint-* subfolder (train with "
+                "log_weight_map=true and an off-policy setting)"
+            )
+        path = checkpoints[-1]
+    state = json.loads(path.read_text())
+    if not any(count for sign in ("positive", "negative") for row in state["total"][sign]["count"] for count in row):
+        raise ValueError(
+            f"{path}: the map holds no tokens (no off-policy pass was logged: set num_iterations > 1 or "
+            "steps_per_generation > gradient_accumulation_steps)"
+        )
+    return state
+
+
 def compare_main(argv: list[str]) -> int:
     from .notices import ignore_known_notices
 
@@ -636,7 +659,12 @@ def plot_main(argv: list[str]) -> int:
     parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a training output folder")
     parser.add_argument("--labels", nargs="+", help="one legend label per RUN_DIR (default: the folder names)")
     parser.add_argument("--metrics", nargs="+", default=[], help="logged metrics to plot besides the default panels")
-    parser.add_argument("--output", default="comparison.png", help="figure path (default: %(default)s)")
+    parser.add_argument(
+        "--weights",
+        action="store_true",
+        help="draw each run's ASPO weight map (weight_map.json, written with log_weight_map=true) instead of curves",
+    )
+    parser.add_argument("--output", help="figure path (default: comparison.png, or weight_map.png with --weights)")
     parser.add_argument("--smoothing", type=int, default=5, help="trailing running-mean window in steps (>= 1)")
     args = parser.parse_args(argv)
     if args.labels and len(args.labels) != len(args.run_dirs):
@@ -647,11 +675,21 @@ def plot_main(argv: list[str]) -> int:
     if missing:
         report("trl-aspo plot", ConfigurationError(missing))
     labels = args.labels or [Path(run_dir).resolve().name for run_dir in args.run_dirs]
+    if args.weights:
+        if len(set(labels)) != len(labels):
+            parser.error(f"--weights draws one column per run: the labels {labels} must differ (use --labels)")
+        try:
+            maps = {label: load_weight_map(run_dir) for label, run_dir in zip(labels, args.run_dirs, strict=True)}
+        except ValueError as error:
+            parser.error(str(error))
+        path = plot_weight_maps(maps, args.output or "weight_map.png")
+        print(f"Figure written to {path}.")
+        return 0
     groups: dict[str, list[dict]] = {}
     try:
         for label, run_dir in zip(labels, args.run_dirs, strict=True):
             groups.setdefault(label, []).append(load_run(run_dir))
-        path = plot_comparison(groups, args.output, tuple(args.metrics), smoothing=args.smoothing)
+        path = plot_comparison(groups, args.output or "comparison.png", tuple(args.metrics), smoothing=args.smoothing)
     except ValueError as error:
         parser.error(str(error))
     print(f"Figure written to {path}.")

@@ -291,3 +291,65 @@ def _percent_formatter():
     from matplotlib.ticker import PercentFormatter
 
     return PercentFormatter(xmax=1.0, decimals=0)
+
+
+def mean_weight_grid(grid: dict) -> list[list[float]]:
+    """The mean weight ``weight_sum / count`` per cell of one sign's grid of `weight_map.json` (NaN where empty)."""
+    return [
+        [total / count if count > 0 else float("nan") for total, count in zip(sums, counts, strict=True)]
+        for sums, counts in zip(grid["weight_sum"], grid["count"], strict=True)
+    ]
+
+
+def plot_weight_maps(maps: dict[str, dict], path: str) -> str:
+    """The ASPO weight map (arXiv 2510.06062) of each run, side by side: a column per run, a row per advantage sign
+    (A > 0 on top), each cell the mean gradient weight w of the tokens in that (old probability, current
+    probability) bin over the whole run (the `total` of `weight_map.json`), on one colour scale. Tokens on the
+    diagonal kept their probability (r = 1); below it (current > old) the ratio r > 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    signs = (("positive", "A > 0"), ("negative", "A < 0"))
+    means = {
+        label: {sign: np.array(mean_weight_grid(state["total"][sign])) for sign, _ in signs}
+        for label, state in maps.items()
+    }
+    finite = [grid[np.isfinite(grid)] for by_sign in means.values() for grid in by_sign.values()]
+    vmax = max([float(values.max()) for values in finite if values.size] or [1.0])
+    figure, axes = plt.subplots(
+        2, len(maps), figsize=(4.4 * len(maps) + 1.4, 9.0), squeeze=False, layout="constrained"
+    )
+    image = None
+    for column, (label, state) in enumerate(maps.items()):
+        for row, (sign, sign_text) in enumerate(signs):
+            axis, grid = axes[row, column], means[label][sign]
+            image = axis.imshow(
+                np.ma.masked_invalid(grid), origin="lower", extent=(0, 1, 0, 1), cmap="viridis", vmin=0.0, vmax=vmax
+            )
+            bins = state["bins"]
+            for i in range(bins):
+                for j in range(bins):
+                    if np.isfinite(grid[i, j]):
+                        color = "black" if grid[i, j] > 0.6 * vmax else "white"
+                        axis.text(
+                            (j + 0.5) / bins,
+                            (i + 0.5) / bins,
+                            f"{grid[i, j]:.2f}",
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color=color,
+                        )
+            axis.plot((0, 1), (0, 1), color="white", linewidth=0.6, linestyle=":")
+            tokens = int(sum(map(sum, state["total"][sign]["count"])))
+            axis.set_title(f"{label} (loss_type={state['loss_type']})\n{sign_text}: {tokens} tokens", fontsize=9)
+            axis.set_xlabel("current probability pi")
+            axis.set_ylabel("old probability pi_old")
+    figure.colorbar(image, ax=axes.ravel().tolist(), label="mean gradient weight w (coefficient of -A grad log pi)")
+    figure.suptitle("ASPO weight map: mean per-token gradient weight by (old, current) probability bin")
+    figure.savefig(path, dpi=130)
+    plt.close(figure)
+    return path

@@ -17,7 +17,9 @@ import collections
 import copy
 import dataclasses
 import inspect
+import json
 import math
+import os
 
 import torch
 from accelerate.utils import gather_object
@@ -71,6 +73,7 @@ from .tool_metrics import (
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
 from .value_init import prepass_plan
 from .vllm_cpu import cpu_weight_sync
+from .weight_map import WEIGHT_MAP_FILE, WeightMapLog, aspo_weight, clipped_ratio_weight, weight_map_sums
 
 logger = logging.get_logger(__name__)
 
@@ -123,6 +126,8 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "aspo"]
     _name = "ASPO"
+    # While TRL's own loss runs with log_weight_map: the current log-probs its forward pass computes.
+    _weight_map_logps: list[torch.Tensor] | None = None
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *positional, **kwargs):
         if isinstance(model, str) and model.startswith("builtin:"):
@@ -176,6 +181,10 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             )
         self._aspo_kl_coef = self.beta
         self._aspo_entropy_window = None
+        # log_weight_map: the run's map, this logging window's sums (on device) and its first optimizer step.
+        self._weight_map = WeightMapLog(args.loss_type) if args.log_weight_map else None
+        self._weight_map_window: torch.Tensor | None = None
+        self._weight_map_first_step = 1
         paper = model_card_paper(args, GRPOTrainer._paper)
         if paper is not None:
             # TRL's model card reads `_paper`: cite the methods this run uses, not only GRPO.
@@ -694,9 +703,55 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
 
     # ---------------------------------------------------------------- loss
     def _compute_loss(self, model, inputs):
-        if self.loss_type != "aspo":
+        if self.loss_type == "aspo":
+            return self._compute_aspo_loss(model, inputs)
+        if not self._collects_weight_map(inputs):
             return super()._compute_loss(model, inputs)
-        return self._compute_aspo_loss(model, inputs)
+        # TRL's loss computes the current log-probs inline: `_get_per_token_logps_and_entropies` hands them out.
+        self._weight_map_logps = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+            (per_token_logps,) = self._weight_map_logps
+        finally:
+            self._weight_map_logps = None
+        old_per_token_logps, advantages = inputs["old_per_token_logps"], inputs["advantages"]
+        weight = clipped_ratio_weight(
+            per_token_logps, old_per_token_logps, advantages, self.epsilon_low, self.epsilon_high, self.args.delta
+        )
+        self._add_weight_map(inputs, old_per_token_logps, per_token_logps, weight)
+        return loss
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        """GRPOTrainer's forward pass; inside `_compute_loss` with the weight map on, it also keeps the log-probs."""
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._weight_map_logps is not None:
+            self._weight_map_logps.append(result[0].detach())
+        return result
+
+    def _collects_weight_map(self, inputs) -> bool:
+        """Whether this micro-batch enters the weight map: training passes with behaviour log-probs (off-policy or
+        vLLM-corrected; TRL leaves them out on-policy, where r = 1 and every weight is 1)."""
+        return self._weight_map is not None and self.model.training and inputs.get("old_per_token_logps") is not None
+
+    def _add_weight_map(self, inputs, old_per_token_logps, per_token_logps, weight) -> None:
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        sums = weight_map_sums(old_per_token_logps, per_token_logps, inputs["advantages"], mask, weight)
+        self._weight_map_window = sums if self._weight_map_window is None else self._weight_map_window + sums
+
+    def _log_weight_map(self) -> None:
+        """Close the logging window: its sums, summed over ranks (every rank logs), join the map, and the main
+        process rewrites `weight_map.json` in the output directory."""
+        window = self._weight_map_window
+        bins = self._weight_map.bins
+        if window is None:
+            window = torch.zeros(2, 2, bins, bins, dtype=torch.float64, device=self.accelerator.device)
+        window = self.accelerator.reduce(window, reduction="sum")
+        self._weight_map.add_window(self._weight_map_first_step, self.state.global_step, window)
+        self._weight_map_window = None
+        self._weight_map_first_step = self.state.global_step + 1
+        if self.args.should_save:
+            self._weight_map.write(self.args.output_dir)
 
     def _compute_aspo_loss(self, model, inputs):
         """The aspo per-token term inside TRL's loss pipeline (masks, IS correction, KL, aggregation, metrics).
@@ -719,6 +774,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             **{key: inputs.get(key) for key in _FORWARD_KEYS},
         )
         advantages = inputs["advantages"]
+        collects_weight_map = self._collects_weight_map(inputs)
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
 
@@ -735,6 +791,10 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             unflipped_mask=inputs.get("aspo_unflipped"),
             **aspo_loss_options(args, self.state.global_step),
         )
+        if collects_weight_map:
+            dual_clip_neg = args.aspo_dual_clip if args.aspo_dual_clip_neg is None else args.aspo_dual_clip_neg
+            weight = aspo_weight(stats, advantages, dual_clip_neg)
+            self._add_weight_map(inputs, old_per_token_logps, per_token_logps, weight)
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
                 advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
@@ -799,6 +859,8 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         TRL's `frac_reward_zero_std` when `num_generations == 1`: each group then has one member, so it would read
         1.0 on every step; `zero_advantage_share` is the single-stream reading of completions without signal."""
         mode = "train" if self.model.training else "eval"
+        if self._weight_map is not None and mode == "train":
+            self._log_weight_map()
         reduce_ratio_metrics(self._metrics[mode])
         if self.num_generations == 1:
             self._metrics[mode].pop("frac_reward_zero_std", None)
@@ -829,6 +891,8 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         tracker, visit_store = (None, None) if self._value_tracker is None else self._checkpoint_tracker()
         if not self.args.should_save:
             return
+        if self._weight_map is not None:
+            self._weight_map.write(checkpoint)
         state = {
             "value_event": self._value_event,
             "aspo_kl_coef": float(self._aspo_kl_coef),
@@ -867,6 +931,10 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
+        if self._weight_map is not None and os.path.isfile(os.path.join(checkpoint, WEIGHT_MAP_FILE)):
+            with open(os.path.join(checkpoint, WEIGHT_MAP_FILE)) as handle:
+                self._weight_map.load_state_dict(json.load(handle))
+            self._weight_map_first_step = self.state.global_step + 1
         if checkpoint_state_file(checkpoint) is None:
             require_state_or_reset(self.args, checkpoint, STATE_JSON)
             return

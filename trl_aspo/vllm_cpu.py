@@ -293,6 +293,7 @@ class CPUWeightTransfer:
 
     def init_weight_transfer(self) -> None:
         self.reload.wait_until_ready(self.server_timeout)
+        served = self.reload.served_dtype()  # first: it names a server without the development endpoints
         served_models = self.reload.served_models()
         if self.model_name is not None and self.model_name not in served_models:
             raise ValueError(
@@ -300,7 +301,6 @@ class CPUWeightTransfer:
                 f"{self.model_name!r}: start the server with `--model {self.model_name}` (the same path or hub id as "
                 "the trainer's model), or pass `--served-model-name` to it."
             )
-        served = self.reload.served_dtype()
         if self.trained_dtype is not None:
             warn_on_dtype_mismatch(served, self.trained_dtype, self.reload.base_url)
 

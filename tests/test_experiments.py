@@ -129,6 +129,14 @@ def test_compare_refuses_a_finished_run_made_with_another_config(tmp_path):
             "output_dir: o\nseeds: [0]\nvariants: {a: {}}\nevaluation: {samples_per_problem: 0}\n",
             "'evaluation.samples_per_problem' must be an integer >= 1",
         ),
+        (
+            "output_dir: o\nseeds: [0]\nvariants: {a: {}}\nevaluation: {every_steps: 0}\n",
+            r"'evaluation.every_steps' must be an integer >= 1 \(or left out\), got 0",
+        ),
+        (
+            "output_dir: o\nseeds: [0]\nvariants: {a: {}}\nevaluation: {every_steps: true}\n",
+            "'evaluation.every_steps' must be an integer >= 1",
+        ),
     ],
 )
 def test_experiment_file_errors_name_the_key(tmp_path, body, message):
@@ -228,3 +236,40 @@ def test_mean_and_spread_by_hand():
     assert mean_sd([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1.0))
     history = [{"step": s, "x": float(s)} for s in range(1, 21)] + [{"train_loss": 0.1}]
     assert tail_mean(history, "x") == pytest.approx(19.5)  # the last 10% = the last 2 of 20 values
+
+
+def test_heldout_during_training_and_train_seconds_leave_training_unchanged(tmp_path):
+    """`evaluation.every_steps` logs held-out rows at those steps (not the last, evaluated after training), every
+    log row gets `train_seconds`, and training is the same as without the evaluations (they fork the RNG)."""
+    from trl_aspo.experiments import compare
+
+    body = """
+        output_dir: {output}
+        seeds: [0]
+        evaluation: {{samples_per_problem: 1, temperature: 1.0, initial: false{every}}}
+        variants:
+          aspo: {{loss_type: aspo, max_steps: 4}}
+        """
+    histories = {}
+    for name, every in (("plain", ""), ("curve", ", every_steps: 2")):
+        output = tmp_path / name
+        experiment = load_experiment(write_experiment(tmp_path, body.format(output=output, every=every)))
+        histories[name] = compare(experiment)["aspo"][0]["history"]
+    curve = histories["curve"]
+    heldout_rows = [row for row in curve if "heldout/accuracy" in row]
+    assert [row["step"] for row in heldout_rows] == [2]
+    assert set(heldout_rows[0]) == {
+        "step",
+        "heldout/accuracy",
+        "heldout/tool_call_rate",
+        "heldout/first_call_position",
+        "heldout/calls_per_completion",
+    }
+    timed = [row["train_seconds"] for row in curve if "loss" in row]
+    assert len(timed) == 4 and timed == sorted(timed) and timed[0] > 0
+
+    def training(history):
+        return [(row["step"], row["loss"], row.get("reward")) for row in history if "loss" in row]
+
+    assert training(curve) == training(histories["plain"])
+    assert (tmp_path / "curve" / "comparison_wallclock.png").stat().st_size > 0

@@ -98,3 +98,51 @@ def test_results_md_shows_heldout_fractions_as_percentages():
     assert rows["reward-curve area (mean training reward)"] == ["n/a", "0.250 ± 0.000"]
     assert numbers["mean_sd"]["on"]["held-out accuracy"][0] == pytest.approx(0.45)
     assert math.isclose(numbers["mean_sd"]["on"]["held-out accuracy"][1], math.sqrt(0.005))
+
+
+def test_step_seconds_interpolates_between_logged_rows_by_hand():
+    from trl_aspo.plotting import step_seconds
+
+    history = [
+        {"step": 2, "train_seconds": 4.0},
+        {"step": 3, "heldout/accuracy": 0.5},
+        {"step": 4, "train_seconds": 10.0},
+    ]
+    assert step_seconds(history) == {0: 0.0, 1: 2.0, 2: 4.0, 3: 7.0, 4: 10.0}
+    assert step_seconds([{"step": 1, "loss": 0.1}]) == {}
+
+
+def test_heldout_panel_draws_the_points_logged_during_training():
+    """Before (x 0), during (`heldout/accuracy` rows) and after training: mean and sd over the runs at each point."""
+    from trl_aspo.plotting import _plot_heldout
+
+    class Axis:
+        def errorbar(self, xs, means, yerr, **kwargs):
+            self.points = (list(xs), list(means), list(yerr))
+
+        @property
+        def yaxis(self):
+            return type("Y", (), {"set_major_formatter": lambda self, formatter: None})()
+
+    def run(initial, during, final):
+        history = [{"step": 4, "heldout/accuracy": during}, {"step": 4, "loss": 0.0}, {"step": 8, "loss": 0.0}]
+        return {"history": history, "heldout": {"initial": initial, "final": final}}
+
+    axis = Axis()
+    _plot_heldout(axis, [run(0.2, 0.3, 0.6), run(0.4, 0.5, 0.8)], lambda step: 10 * step, "C0", "aspo")
+    xs, means, spreads = axis.points
+    assert xs == [0.0, 40, 80]
+    assert means == pytest.approx([0.3, 0.4, 0.7])
+    assert spreads == pytest.approx([2**0.5 * 0.1] * 3)
+
+
+def test_comparison_against_seconds_needs_train_seconds(tmp_path):
+    from trl_aspo.plotting import plot_comparison
+
+    runs = {"a": [{"history": [{"step": 1, "reward": 0.5}], "completions_per_step": 4, "heldout": {}}]}
+    with pytest.raises(ValueError, match="x_axis='seconds' needs train_seconds"):
+        plot_comparison(runs, str(tmp_path / "c.png"), x_axis="seconds")
+    with pytest.raises(ValueError, match="x_axis must be 'completions' or 'seconds', got 'time'"):
+        plot_comparison(runs, str(tmp_path / "c.png"), x_axis="time")
+    runs["a"][0]["history"][0]["train_seconds"] = 3.0
+    assert plot_comparison(runs, str(tmp_path / "c.png"), x_axis="seconds").endswith("c.png")

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from .cli_config import ConfigurationError, report
-from .plotting import plot_comparison, plot_weight_maps
+from .plotting import has_train_seconds, plot_comparison, plot_weight_maps
 
 EXPERIMENT_KEYS = {
     "description": "free text, printed at the top of results.md",
@@ -44,6 +44,7 @@ EVALUATION_KEYS = {
     "samples_per_problem": "completions per held-out problem (>= 1)",
     "temperature": "sampling temperature, 0 = greedy (>= 0)",
     "initial": "also evaluate the starting model once, drawn at 0 completions (true/false)",
+    "every_steps": "also evaluate every this many optimizer steps during training, logged as heldout/* (>= 1)",
 }
 # Set by `compare` itself for each run.
 RESERVED_KEYS = ("seed", "output_dir")
@@ -66,6 +67,7 @@ class Evaluation:
     samples_per_problem: int = 1
     temperature: float = 0.0
     initial: bool = True
+    every_steps: int | None = None
 
 
 @dataclass
@@ -173,6 +175,9 @@ def load_experiment(path: str) -> Experiment:
             _fail(path, f"'evaluation.temperature' must be a number >= 0, got {temperature!r}")
         if not isinstance(evaluation.initial, bool):
             _fail(path, f"'evaluation.initial' must be true or false, got {evaluation.initial!r}")
+        every = evaluation.every_steps
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            _fail(path, f"'evaluation.every_steps' must be an integer >= 1 (or left out), got {every!r}")
     metrics = spec.get("metrics") or []
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         _fail(path, f"'metrics' must be a list of logged metric names, got {metrics!r}")
@@ -262,6 +267,7 @@ def completions_per_step(training_args, num_processes: int = 1) -> int:
 
 def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict[str, Any]:
     """Train one (variant, seed) run, evaluate it on the held-out split if asked, write and return its summary."""
+    from .experiment_callbacks import HeldoutDuringTraining, TrainingClock
     from .progress import MetricProgressCallback
     from .train import run
 
@@ -270,10 +276,18 @@ def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict
     script_args.plot = False
     script_args.evaluate_before_after = False
     shown = {"reward": "reward", "entropy": "entropy", "first_call": "tools/first_call_position"}
+    callbacks = [MetricProgressCallback(label, shown)]
+    if experiment.evaluation is not None and experiment.evaluation.every_steps:
+        parsed = (script_args, training_args, dataset_args)
+        heldout_curve = HeldoutDuringTraining(
+            experiment.evaluation.every_steps,
+            lambda model, tokenizer: evaluate_heldout(experiment, parsed, model, tokenizer, seed),
+        )
+        callbacks += [heldout_curve, TrainingClock(lambda: heldout_curve.seconds)]
+    else:
+        callbacks.append(TrainingClock())
     start = time.perf_counter()
-    trainer = run(
-        script_args, training_args, model_args, dataset_args, callbacks=[MetricProgressCallback(label, shown)]
-    )
+    trainer = run(script_args, training_args, model_args, dataset_args, callbacks=callbacks)
     minutes = (time.perf_counter() - start) / 60
     trainer.save_state()
     heldout = None
@@ -500,11 +514,19 @@ def write_outputs(
         tuple(experiment.metrics),
         title=Path(experiment.path).stem,
     )
+    if all(has_train_seconds(run["history"]) for runs in groups.values() for run in runs):
+        plot_comparison(
+            groups,
+            str(experiment.output_dir / "comparison_wallclock.png"),
+            tuple(experiment.metrics),
+            title=Path(experiment.path).stem,
+            x_axis="seconds",
+        )
     table, numbers = results_table(results, experiment.metrics, initial)
     budget = {variant: runs[0]["completions_per_step"] for variant, runs in results.items()}
     header = (
         f"{experiment.description.strip()}\n\n" if experiment.description else ""
-    ) + f"Seeds {experiment.seeds}; mean ± sd over seeds; completions per optimizer step: {budget}.\n"
+    ) + f"Seeds {experiment.seeds}; mean ± sd over seeds; completions generated per optimizer step: {budget}.\n"
     if experiment.overrides:
         header += f"Command-line overrides of base: {format_overrides(experiment.overrides)}.\n"
     (experiment.output_dir / "results.md").write_text(f"{header}\n{table}\n")

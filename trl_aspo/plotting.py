@@ -20,8 +20,10 @@ DEFAULT_METRICS = (
     "aspo/flip_weight_mean",
     "value/mean",
 )
-# Not a logged metric: the panel of held-out evaluations before and after training.
+# The panel of held-out evaluations: before and after training, and during it where `heldout/accuracy` is logged.
 HELDOUT_ACCURACY = "heldout/accuracy"
+# Training wall-clock seconds of a log row (trl_aspo.experiment_callbacks.TRAIN_SECONDS), the x of `x_axis="seconds"`.
+TRAIN_SECONDS = "train_seconds"
 # Panel titles of logged metrics; any other key is its own title.
 PANEL_TITLES = {
     "reward": "training reward",
@@ -129,6 +131,26 @@ def metric_points(history: list[dict], key: str) -> dict[int, float]:
     return {row["step"]: float(row[key]) for row in history if row.get(key) is not None and "step" in row}
 
 
+def has_train_seconds(history: list[dict]) -> bool:
+    """Whether a log history carries `train_seconds` (compare runs log it), so it can be drawn against time."""
+    return any(row.get(TRAIN_SECONDS) is not None and "step" in row for row in history)
+
+
+def step_seconds(history: list[dict]) -> dict[int, float]:
+    """Optimizer step -> training seconds at that step, interpolated linearly between logged rows (a held-out row
+    or a step that logged no time gets the time of its step)."""
+    known = metric_points(history, TRAIN_SECONDS)
+    steps = sorted(known)
+    if not steps:
+        return {}
+    table = {}
+    for first, second in zip([0, *steps], steps, strict=False):
+        start = known.get(first, 0.0)
+        for step in range(first, second + 1):
+            table[step] = start + (known[second] - start) * (step - first) / max(1, second - first)
+    return table
+
+
 def running_mean(values: list[float], window: int) -> list[float]:
     """Trailing mean over `window` points: one step's value, from a few dozen completions, is noisy."""
     return [sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))]
@@ -153,13 +175,16 @@ def plot_comparison(
     extra_metrics: tuple[str, ...] = (),
     smoothing: int = 5,
     title: str | None = None,
+    x_axis: str = "completions",
 ) -> str:
     """One figure comparing variants: per panel, each variant's mean curve over its runs and a +-1 sd band.
 
     `variants` maps a label to its runs; a run is `{"history": log_history, "completions_per_step": int | None,
-    "heldout": {"initial": float | None, "final": float | None}}` (held-out optional). The x axis is completions
-    generated (steps when a run's completions per step is unknown). Panels whose metric no run logged are left out,
-    so any TRL run plots what it has. Training curves are smoothed with a trailing `smoothing`-step mean per run."""
+    "heldout": {"initial": float | None, "final": float | None}}` (held-out optional). With `x_axis="completions"`
+    the x axis is completions generated (steps when a run's completions per step is unknown); with `"seconds"` it is
+    training wall-clock seconds (`train_seconds` of the log rows, mean over a variant's runs at each step). Panels
+    whose metric no run logged are left out, so any TRL run plots what it has. Training curves are smoothed with a
+    trailing `smoothing`-step mean per run; held-out points are not."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,8 +211,19 @@ def plot_comparison(
     ]
     if not panels:
         raise ValueError("None of the runs logged any nonzero metric to plot (empty log_history?).")
-    by_completions = all(run.get("completions_per_step") for run in runs)
-    x_label = "completions generated" if by_completions else "optimizer step"
+    if x_axis not in ("completions", "seconds"):
+        raise ValueError(f"x_axis must be 'completions' or 'seconds', got {x_axis!r}")
+    by_seconds = x_axis == "seconds"
+    if by_seconds and not all(has_train_seconds(run["history"]) for run in runs):
+        raise ValueError("x_axis='seconds' needs train_seconds in every run's log history (a compare run logs it)")
+    by_completions = not by_seconds and all(run.get("completions_per_step") for run in runs)
+    x_label = (
+        "training seconds (wall clock)"
+        if by_seconds
+        else "completions generated"
+        if by_completions
+        else "optimizer step"
+    )
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False)
@@ -201,9 +237,9 @@ def plot_comparison(
             color, linestyle, marker = styles[name]
             # Earlier variants drawn wider, markers at staggered points: a curve equal to another still shows.
             width = max(1.0, 2.6 - 0.5 * index)
-            scale = group[0].get("completions_per_step") if by_completions else 1
+            to_x = _x_of_step(group, by_seconds, by_completions)
             if key == HELDOUT_ACCURACY:
-                _plot_heldout(axis, group, scale, color, name, marker, markersize=2.5 * width + 2)
+                _plot_heldout(axis, group, to_x, color, name, marker, markersize=2.5 * width + 2)
                 continue
             series = []
             for run in group:
@@ -214,7 +250,7 @@ def plot_comparison(
             steps, means, spreads = mean_and_spread(series)
             if not steps:
                 continue
-            x = [step * scale for step in steps]
+            x = [to_x(step) for step in steps]
             every = max(len(variants), len(x) // 6)
             axis.plot(
                 x,
@@ -233,7 +269,8 @@ def plot_comparison(
             axis.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
         axis.set_title(label, fontsize=10)
         axis.set_xlabel(x_label)
-        integer_steps(axis)
+        if not by_seconds:
+            integer_steps(axis)
         axis.grid(alpha=0.3)
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
@@ -258,19 +295,39 @@ def _legend_entries(axes) -> tuple[list, list[str]]:
     return entries[0][0] if entries else ([], [])
 
 
+def _x_of_step(group: list[dict], by_seconds: bool, by_completions: bool):
+    """The x of an optimizer step for a variant's runs: mean training seconds at that step, completions generated,
+    or the step itself."""
+    if by_seconds:
+        tables = [step_seconds(run["history"]) for run in group]
+
+        def seconds(step: int) -> float:
+            values = [table[step] for table in tables if step in table]
+            return sum(values) / len(values) if values else float("nan")
+
+        return seconds
+    scale = group[0].get("completions_per_step") if by_completions else 1
+    return lambda step: step * scale
+
+
 def _plot_heldout(
-    axis, group: list[dict], scale: int, color: str, name: str, marker: str = "o", markersize: float = 6
+    axis, group: list[dict], to_x, color: str, name: str, marker: str = "o", markersize: float = 6
 ) -> None:
-    """Held-out accuracy before (x = 0) and after training, mean with +-1 sd error bars over the runs."""
+    """Held-out accuracy before training (x = 0), at each step it was logged during training (`heldout/accuracy`
+    rows), and after training, mean with +-1 sd error bars over the runs that have the point."""
+    values_at: dict[int, list[float]] = {}
+    for run in group:
+        heldout = run.get("heldout") or {}
+        last_step = max((row.get("step", 0) for row in run["history"]), default=0)
+        points = {0: heldout.get("initial"), **metric_points(run["history"], HELDOUT_ACCURACY)}
+        points[last_step] = heldout.get("final", points.get(last_step))
+        for step, value in points.items():
+            if value is not None:
+                values_at.setdefault(step, []).append(value)
     points = []
-    for moment in ("initial", "final"):
-        values = [(run.get("heldout") or {}).get(moment) for run in group]
-        values = [v for v in values if v is not None]
-        if not values:
-            continue
-        x = 0 if moment == "initial" else max((row.get("step", 0) for row in group[0]["history"]), default=0) * scale
-        _, (mean,), (spread,) = mean_and_spread([{0: v} for v in values])
-        points.append((x, mean, spread))
+    for step in sorted(values_at):
+        _, (mean,), (spread,) = mean_and_spread([{0: v} for v in values_at[step]])
+        points.append((0.0 if step == 0 else to_x(step), mean, spread))
     if points:
         xs, means, spreads = zip(*points, strict=True)
         axis.errorbar(

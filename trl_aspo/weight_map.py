@@ -225,8 +225,14 @@ class WeightMapMixin:
             self._weight_map.write(self.args.output_dir)
 
     def _save_weight_map(self, checkpoint: str) -> None:
-        """Write the map into a checkpoint being saved (main process)."""
-        if self._weight_map is not None and self.args.should_save:
+        """Write the map into a checkpoint being saved (collective: every rank calls it; the main process writes).
+        The open logging window is closed at the checkpoint's step first, so the checkpoint holds every token
+        trained up to it: a run resumed from it starts at the next step, and a checkpoint between two logs would
+        otherwise lose the steps since the last log."""
+        if self._weight_map is None:
+            return
+        self._log_weight_map()
+        if self.args.should_save:
             self._weight_map.write(checkpoint)
 
     def _restore_weight_map(self, checkpoint: str) -> None:

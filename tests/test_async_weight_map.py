@@ -104,11 +104,18 @@ def test_the_packed_loss_bins_every_trained_token_with_its_weight(tmp_path, toke
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train for each optimizer step
     trainer._aspo_step_units = torch.tensor([5.0, 3.0])  # what get_batch_samples counts for aspo_aggregation
 
-    def policy(**_):
-        n = len(CURRENT)
-        return SimpleNamespace(log_probs=torch.tensor(CURRENT).log()[None], entropy=torch.zeros(1, n), aux_loss=None)
+    current = torch.tensor(CURRENT).log()[None].requires_grad_(True)
 
-    trainer.compute_loss(policy, _packed_inputs())
+    def policy(**_):
+        return SimpleNamespace(log_probs=current, entropy=torch.zeros_like(current), aux_loss=None)
+
+    trainer.compute_loss(policy, _packed_inputs()).backward()
+    # Each loss is a token mean over the 5 targets: d loss / d lp = -A w / 5, so the loss's own gradient gives w.
+    advantages = torch.tensor(ADVANTAGES)
+    signed = advantages != 0
+    weight_of_loss = -5 * current.grad[0][signed] / advantages[signed]
+    expected = [POSITIVE_98[loss_type], 0.0, 1.0, 0.58 / 0.55]
+    assert weight_of_loss.tolist() == pytest.approx(expected, rel=1e-5)
     trainer.state.global_step = 1
     trainer._log_weight_map()
 

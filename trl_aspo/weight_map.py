@@ -19,8 +19,8 @@ probability bins over [0, 1] and keeps, per cell, the sum of ``w`` and the token
 sums add over micro-batches, ranks and logging windows, so a cell's mean weight ``sum / count`` is exact over any
 span. :class:`WeightMapLog` keeps the run's total and a bounded list of windows and writes them as JSON
 (``weight_map.json`` in the output directory, see the README's "Asymmetric IS loss"); :class:`WeightMapMixin` is
-the part both trainers share (logging windows, ranks, checkpoints). Factors applied after the
-policy term (TRL's off-policy mask, entropy mask, vLLM IS correction) are not part of ``w``.
+the part both trainers share (logging windows, ranks, checkpoints). Factors applied after the policy term (TRL's
+off-policy mask, entropy mask, vLLM IS correction) are not part of ``w``.
 """
 
 from __future__ import annotations
@@ -177,8 +177,8 @@ class WeightMapMixin:
     """Trainer side of `log_weight_map`, shared by ASPOTrainer and AsyncASPOTrainer: each rank adds its micro-batches'
     `weight_map_sums` to the logging window (on device), `log` closes the window (summed over ranks: every rank
     logs), and the main process writes `weight_map.json` in the output directory and every checkpoint, from which a
-    resumed run continues the map. Needs the Trainer's `args`, `state` and `accelerator`
-    and the loss's `epsilon_low` and `epsilon_high`."""
+    resumed run continues the map. Needs the Trainer's `args`, `state` and `accelerator` and the loss's `epsilon_low`
+    and `epsilon_high`."""
 
     _weight_map: WeightMapLog | None = None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from trl_aspo.losses import asymmetric_policy_loss
 from trl_aspo.weight_map import (
     WEIGHT_MAP_FILE,
     WeightMapLog,
+    WeightMapMixin,
     aspo_weight,
     clipped_ratio_weight,
     weight_map_sums,
@@ -261,3 +263,42 @@ def test_plot_weights_refuses_a_map_without_tokens(tmp_path, capsys):
     with pytest.raises(SystemExit):
         plot_main([str(tmp_path), "--weights"])
     assert "the map holds no tokens (no off-policy pass was logged" in capsys.readouterr().err
+
+
+class _MapHost(WeightMapMixin):
+    """The Trainer attributes WeightMapMixin reads, on one process."""
+
+    def __init__(self, output_dir):
+        self.args = SimpleNamespace(
+            loss_type="dapo", log_weight_map=True, should_save=True, output_dir=str(output_dir)
+        )
+        self.state = SimpleNamespace(global_step=0)
+        self.accelerator = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
+        self._start_weight_map()
+
+    def train_step(self, tokens: int) -> None:
+        """One optimizer step of `tokens` positive-advantage tokens in cell (2, 7), weight 1 each."""
+        logps = torch.full((1, tokens), 0.25).log()
+        self._add_weight_map(logps, logps + math.log(3), torch.ones(1), torch.ones(1, tokens), torch.ones(1, tokens))
+        self.state.global_step += 1
+
+
+def test_a_checkpoint_between_two_logs_keeps_the_steps_since_the_last_log(tmp_path):
+    """Logging every 2 steps, saving at step 1: the checkpoint holds step 1's tokens, and the run resumed from it
+    ends with the uninterrupted run's total."""
+    uninterrupted = _MapHost(tmp_path / "uninterrupted")
+    uninterrupted.train_step(3)
+    uninterrupted._save_weight_map(str(tmp_path / "checkpoint-1"))
+    saved = json.loads((tmp_path / "checkpoint-1" / WEIGHT_MAP_FILE).read_text())
+    assert saved["total"]["positive"]["count"][2][7] == 3
+    uninterrupted.train_step(2)
+    uninterrupted._log_weight_map()
+
+    resumed = _MapHost(tmp_path / "resumed")
+    resumed.state.global_step = 1
+    resumed._restore_weight_map(str(tmp_path / "checkpoint-1"))
+    resumed.train_step(2)
+    resumed._log_weight_map()
+    for host in (uninterrupted, resumed):
+        assert host._weight_map.total[0, 1, 2, 7] == 5
+        assert [(first, last) for first, last, _ in host._weight_map.windows] == [(1, 1), (2, 2)]

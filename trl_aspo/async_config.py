@@ -22,11 +22,16 @@ ASYNC_UNSUPPORTED_FIELDS = {
     "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
     "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
     "kl_clamp": "AsyncGRPOTrainer has no KL term (no reference model)",
-    "log_weight_map": _NOT_YET,
     "lr_schedule_per_generation": "the asynchronous trainer generates continuously: no rounds to step a schedule by",
     "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
     "overlong_penalty_factor": _NOT_YET,
     "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
+}
+
+# ASPOFieldsMixin fields that ASPOConfig checks against other fields and that act on their own here (name -> why).
+ASYNC_INDEPENDENT_FIELDS = {
+    "log_weight_map": "every trained token carries the generator's log-probs, and both loss types have a weight "
+    "(trl_aspo.weight_map)",
 }
 
 

@@ -16,6 +16,8 @@ main process, which holds every rank's samples (TRL dispatches batches from it):
   (trl_aspo.prompt_stream) that the trainer refreshes from the tracker after scoring each step.
 - `compute_loss` computes `loss_type="aspo"` (trl_aspo.losses) on the log-probs of TRL's own packed forward, with
   the generator's log-probs as the old policy, laid out per sample (trl_aspo.packed) for the per-completion options.
+- `log_weight_map` (trl_aspo.weight_map, shared with ASPOTrainer by `WeightMapMixin`) bins every trained token by
+  (generator probability, current probability) with its gradient weight in the ppo or aspo loss.
 
 With every new field at its default the trainer is `AsyncGRPOTrainer`: no scoring layer, TRL's loss.
 """
@@ -79,6 +81,7 @@ from .tool_metrics import (
     tool_call_metrics,
 )
 from .vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
+from .weight_map import WeightMapMixin
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +172,7 @@ class ToolMetricsDataset(torch.utils.data.IterableDataset):
             yield item
 
 
-class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, AsyncGRPOTrainer):
+class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, WeightMapMixin, AsyncGRPOTrainer):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults."""
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
@@ -227,6 +230,7 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
         # Tracker states before each scored step that is not trained yet, oldest first (see `_trained_tracker_state`).
         self._untrained_tracker_states: collections.deque[dict] = collections.deque()
         self._micro_batches_of_step = 0
+        self._start_weight_map()
 
     # ---------------------------------------------------------------- value pre-pass
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
@@ -553,6 +557,7 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
         # The smallest hook of `Trainer._save_checkpoint` run inside the new checkpoint before trainer_state.json
         # marks it complete (as ASPOTrainer). The tracker lives on the main process, which scores every rank's samples.
         super()._save_rng_state(output_dir)
+        self._save_weight_map(output_dir)
         if self._scorer.tracker is not None and self.accelerator.is_main_process:
             state = {
                 "value_event": int(self.model_version),
@@ -571,7 +576,10 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None or self._scorer.tracker is None:
+        if checkpoint is None:
+            return
+        self._restore_weight_map(checkpoint)
+        if self._scorer.tracker is None:
             return
         path = checkpoint_state_file(checkpoint)
         if path is None:
@@ -594,8 +602,15 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
     # ---------------------------------------------------------------- asymmetric loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """loss_type='aspo': TRL's packed forward and accounting run unchanged (its PPO loss is inlined there, so
-        there is no smaller method to override); the returned loss is the asymmetric one on the same log-probs."""
-        if self.args.loss_type != "aspo":
+        there is no smaller method to override); the returned loss is the asymmetric one on the same log-probs.
+
+        With `log_weight_map`, every trained token enters the map, old probability = the generator's: unlike the
+        synchronous trainer's on-policy passes (where TRL passes no old log-probs and r = 1 exactly), every sample
+        here carries the rollout's log-probs, from a policy up to `max_staleness` versions behind and computed by
+        another engine, and each sample trains once, so there is no pass to skip. With loss_type='ppo' the weight
+        is TRL's clipped surrogate's, `clipped_ratio_weight` without `delta`."""
+        collects_weight_map = self._weight_map is not None and self.model.training
+        if self.args.loss_type != "aspo" and not collects_weight_map:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         captured = {}
 
@@ -603,10 +618,16 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
             captured["outputs"] = model(**kwargs)
             return captured["outputs"]
 
-        super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
+        ppo_loss = super().compute_loss(forward, inputs, return_outputs, num_items_in_batch)
         outputs = captured["outputs"]
         selected = inputs["token_index"] >= 0
         token_index = inputs["token_index"][selected]
+        if self.args.loss_type == "ppo":
+            # TRL's loss runs on the flat (M,) targets: one (1, M) row of action tokens.
+            old_log_probs, advantages = inputs["old_log_probs"][selected][None], inputs["advantages"][selected][None]
+            log_probs = outputs.log_probs.flatten()[token_index][None].detach()
+            self._add_clipped_ratio_weight_map(old_log_probs, log_probs, advantages, torch.ones_like(log_probs))
+            return ppo_loss
         rows = SegmentRows(inputs["segment_id"][selected])
         log_probs = rows.to_rows(outputs.log_probs.flatten()[token_index])
         old_log_probs = rows.to_rows(inputs["old_log_probs"][selected])
@@ -638,8 +659,16 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
         loss = aggregate_loss(per_token_loss, rows.mask, args.aspo_aggregation, normalizer)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
+        if collects_weight_map:
+            self._add_aspo_weight_map(old_log_probs, log_probs, advantages, rows.mask, stats)
         self._log_aspo_metrics(stats, rows.mask, per_token_loss.detach())
         return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """AsyncGRPOTrainer's log; in training it also closes the weight map's logging window (every rank logs)."""
+        if self._weight_map is not None and self.model.training:
+            self._log_weight_map()
+        super().log(logs, start_time)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """`Trainer.get_batch_samples` (one optimizer step's micro-batches), also counting the step's action tokens

@@ -416,8 +416,10 @@ class ASPOFieldsMixin:
             "gradient weight w (the coefficient of -A * grad(log pi)) and the token count in a 10 x 10 grid of "
             "(old probability, current probability) bins, summed over each logging window and all ranks and "
             "written to weight_map.json in output_dir (and every checkpoint); `trl-aspo plot --weights` draws it. "
-            "Collected on off-policy passes only (TRL passes behaviour log-probs only then). Needs loss_type 'aspo' "
-            "or a clipped-ratio loss (grpo, bnpo, dr_grpo, dapo, luspo) and importance_sampling_level='token'."
+            "ASPOTrainer collects it on off-policy passes only (TRL passes behaviour log-probs only then) and needs "
+            "loss_type 'aspo' or a clipped-ratio loss (grpo, bnpo, dr_grpo, dapo, luspo) and "
+            "importance_sampling_level='token'; AsyncASPOTrainer collects every trained token (old = the "
+            "generator's log-probs), with either of its loss types."
         },
     )
     lr_schedule_per_generation: bool = field(

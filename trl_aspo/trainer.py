@@ -17,9 +17,7 @@ import collections
 import copy
 import dataclasses
 import inspect
-import json
 import math
-import os
 
 import torch
 from accelerate.utils import gather_object
@@ -73,7 +71,7 @@ from .tool_metrics import (
 from .tracker import EventValueTracker, VisitValueTracker, kl_adaptive_rho, logprob_drift
 from .value_init import prepass_plan
 from .vllm_cpu import cpu_weight_sync
-from .weight_map import WEIGHT_MAP_FILE, WeightMapLog, aspo_weight, clipped_ratio_weight, weight_map_sums
+from .weight_map import WeightMapMixin
 
 logger = logging.get_logger(__name__)
 
@@ -90,6 +88,12 @@ _FORWARD_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+
+
+def _action_mask(inputs) -> torch.Tensor:
+    """(B, T) the tokens the loss trains on: completion tokens the model wrote (tool outputs masked out)."""
+    completion_mask = inputs["completion_mask"]
+    return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
 
 
 def _as_aspo_config(args: GRPOConfig) -> GRPOConfig:
@@ -116,7 +120,7 @@ def _with_overlong_penalty(reward_funcs, args: GRPOConfig):
     return [*funcs, penalty], args
 
 
-class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
+class ASPOTrainer(TiedWeightsCheckpointMixin, WeightMapMixin, GRPOTrainer):
     """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
     advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).
 
@@ -181,10 +185,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             )
         self._aspo_kl_coef = self.beta
         self._aspo_entropy_window = None
-        # log_weight_map: the run's map, this logging window's sums (on device) and its first optimizer step.
-        self._weight_map = WeightMapLog(args.loss_type) if args.log_weight_map else None
-        self._weight_map_window: torch.Tensor | None = None
-        self._weight_map_first_step = 1
+        self._start_weight_map()
         paper = model_card_paper(args, GRPOTrainer._paper)
         if paper is not None:
             # TRL's model card reads `_paper`: cite the methods this run uses, not only GRPO.
@@ -714,11 +715,9 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             (per_token_logps,) = self._weight_map_logps
         finally:
             self._weight_map_logps = None
-        old_per_token_logps, advantages = inputs["old_per_token_logps"], inputs["advantages"]
-        weight = clipped_ratio_weight(
-            per_token_logps, old_per_token_logps, advantages, self.epsilon_low, self.epsilon_high, self.args.delta
+        self._add_clipped_ratio_weight_map(
+            inputs["old_per_token_logps"], per_token_logps, inputs["advantages"], _action_mask(inputs), self.args.delta
         )
-        self._add_weight_map(inputs, old_per_token_logps, per_token_logps, weight)
         return loss
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
@@ -733,26 +732,6 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         vLLM-corrected; TRL leaves them out on-policy, where r = 1 and every weight is 1)."""
         return self._weight_map is not None and self.model.training and inputs.get("old_per_token_logps") is not None
 
-    def _add_weight_map(self, inputs, old_per_token_logps, per_token_logps, weight) -> None:
-        completion_mask = inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        sums = weight_map_sums(old_per_token_logps, per_token_logps, inputs["advantages"], mask, weight)
-        self._weight_map_window = sums if self._weight_map_window is None else self._weight_map_window + sums
-
-    def _log_weight_map(self) -> None:
-        """Close the logging window: its sums, summed over ranks (every rank logs), join the map, and the main
-        process rewrites `weight_map.json` in the output directory."""
-        window = self._weight_map_window
-        bins = self._weight_map.bins
-        if window is None:
-            window = torch.zeros(2, 2, bins, bins, dtype=torch.float64, device=self.accelerator.device)
-        window = self.accelerator.reduce(window, reduction="sum")
-        self._weight_map.add_window(self._weight_map_first_step, self.state.global_step, window)
-        self._weight_map_window = None
-        self._weight_map_first_step = self.state.global_step + 1
-        if self.args.should_save:
-            self._weight_map.write(self.args.output_dir)
-
     def _compute_aspo_loss(self, model, inputs):
         """The aspo per-token term inside TRL's loss pipeline (masks, IS correction, KL, aggregation, metrics).
 
@@ -761,7 +740,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         args = self.args
         mode = "train" if self.model.training else "eval"
         completion_mask = inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = _action_mask(inputs)
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
@@ -792,9 +771,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
             **aspo_loss_options(args, self.state.global_step),
         )
         if collects_weight_map:
-            dual_clip_neg = args.aspo_dual_clip if args.aspo_dual_clip_neg is None else args.aspo_dual_clip_neg
-            weight = aspo_weight(stats, advantages, dual_clip_neg)
-            self._add_weight_map(inputs, old_per_token_logps, per_token_logps, weight)
+            self._add_aspo_weight_map(old_per_token_logps, per_token_logps, advantages, mask, stats)
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
                 advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
@@ -889,10 +866,9 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
     def _save_aspo_state(self, checkpoint: str) -> None:
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
         tracker, visit_store = (None, None) if self._value_tracker is None else self._checkpoint_tracker()
+        self._save_weight_map(checkpoint)
         if not self.args.should_save:
             return
-        if self._weight_map is not None:
-            self._weight_map.write(checkpoint)
         state = {
             "value_event": self._value_event,
             "aspo_kl_coef": float(self._aspo_kl_coef),
@@ -931,10 +907,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        if self._weight_map is not None and os.path.isfile(os.path.join(checkpoint, WEIGHT_MAP_FILE)):
-            with open(os.path.join(checkpoint, WEIGHT_MAP_FILE)) as handle:
-                self._weight_map.load_state_dict(json.load(handle))
-            self._weight_map_first_step = self.state.global_step + 1
+        self._restore_weight_map(checkpoint)
         if checkpoint_state_file(checkpoint) is None:
             require_state_or_reset(self.args, checkpoint, STATE_JSON)
             return

@@ -273,3 +273,16 @@ def test_heldout_during_training_and_train_seconds_leave_training_unchanged(tmp_
 
     assert training(curve) == training(histories["plain"])
     assert (tmp_path / "curve" / "comparison_wallclock.png").stat().st_size > 0
+
+
+def test_completions_per_step_is_not_rounded():
+    """8 completions per optimizer step over 3 iterations: 8/3 generated per step (the x axis of the figure)."""
+    from types import SimpleNamespace
+
+    from trl_aspo.experiments import completions_per_step
+
+    sync = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=1, num_iterations=3)
+    assert completions_per_step(sync) == pytest.approx(8 / 3)
+    assert completions_per_step(sync, num_processes=3) == 8
+    asynchronous = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=2)
+    assert completions_per_step(asynchronous) == 32

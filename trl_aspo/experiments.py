@@ -258,11 +258,12 @@ def parse_run_config(config: dict[str, Any]):
     return parse_config(config)
 
 
-def completions_per_step(training_args, num_processes: int = 1) -> int:
-    """Completions trained per optimizer step: GRPOTrainer reuses each generation batch `num_iterations` times;
-    the asynchronous trainer (no `num_iterations`) trains each sample it keeps once."""
+def completions_per_step(training_args, num_processes: int = 1) -> float:
+    """Completions generated per optimizer step: GRPOTrainer trains each generation batch `num_iterations` times
+    (8 completions per step over 3 iterations: 8/3 generated per step, not rounded); the asynchronous trainer (no
+    `num_iterations`) trains each sample it keeps once."""
     consumed = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps * num_processes
-    return max(1, consumed // getattr(training_args, "num_iterations", 1))
+    return consumed / getattr(training_args, "num_iterations", 1)
 
 
 def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict[str, Any]:
@@ -523,7 +524,7 @@ def write_outputs(
             x_axis="seconds",
         )
     table, numbers = results_table(results, experiment.metrics, initial)
-    budget = {variant: runs[0]["completions_per_step"] for variant, runs in results.items()}
+    budget = ", ".join(f"{variant} {runs[0]['completions_per_step']:.4g}" for variant, runs in results.items())
     header = (
         f"{experiment.description.strip()}\n\n" if experiment.description else ""
     ) + f"Seeds {experiment.seeds}; mean ± sd over seeds; completions generated per optimizer step: {budget}.\n"

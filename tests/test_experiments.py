@@ -286,3 +286,34 @@ def test_completions_per_step_is_not_rounded():
     assert completions_per_step(sync, num_processes=3) == 8
     asynchronous = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=2)
     assert completions_per_step(asynchronous) == 32
+
+
+def test_pool_weight_maps_adds_the_runs_cell_by_cell():
+    """Seeds of one variant under one label: weight sums and counts add, so a cell's mean is over all their tokens."""
+    from trl_aspo.experiments import pool_weight_maps
+
+    def state(weight, count, loss_type="aspo"):
+        grid = {"weight_sum": [[weight, 0.0], [0.0, 0.0]], "count": [[count, 0], [0, 1]]}
+        return {"loss_type": loss_type, "bins": 2, "total": {"positive": grid, "negative": grid}, "windows": [{}]}
+
+    pooled = pool_weight_maps([state(3.0, 2), state(1.0, 2)], "aspo")
+    assert pooled["total"]["positive"] == {"weight_sum": [[4.0, 0.0], [0.0, 0.0]], "count": [[4, 0], [0, 2]]}
+    assert pooled["windows"] == []
+    with pytest.raises(ValueError, match="--labels 'x': runs pooled under one label must share 'loss_type'"):
+        pool_weight_maps([state(1.0, 1), state(1.0, 1, "dapo")], "x")
+
+
+def test_plot_weights_pools_runs_with_one_label(tmp_path):
+    from trl_aspo.cli import main
+
+    grid = {"weight_sum": [[2.0, 0.0], [0.0, 1.0]], "count": [[2, 0], [0, 1]]}
+    state = {"format": 1, "loss_type": "aspo", "bins": 2, "total": {"positive": grid, "negative": grid}, "windows": []}
+    runs = []
+    for seed in (0, 1):
+        run = tmp_path / f"seed{seed}"
+        run.mkdir()
+        (run / "weight_map.json").write_text(json.dumps(state))
+        runs.append(str(run))
+    output = tmp_path / "pooled.png"
+    assert main(["plot", "--weights", *runs, "--labels", "aspo", "aspo", "--output", str(output)]) == 0
+    assert output.stat().st_size > 0

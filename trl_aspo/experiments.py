@@ -622,6 +622,33 @@ def load_weight_map(run_dir: str) -> dict:
     return state
 
 
+def pool_weight_maps(states: list[dict], label: str) -> dict:
+    """One map from several runs' `weight_map.json` (seeds of one variant): their totals' weight sums and token
+    counts added cell by cell, so each cell's mean weight is over all the runs' tokens. The runs must share the loss
+    type and the bins."""
+    first = states[0]
+    for state in states[1:]:
+        for key in ("loss_type", "bins"):
+            if state.get(key) != first.get(key):
+                raise ValueError(
+                    f"--labels {label!r}: runs pooled under one label must share {key!r}, got "
+                    f"{first.get(key)!r} and {state.get(key)!r}"
+                )
+    if len(states) == 1:
+        return first
+    total = {
+        sign: {
+            quantity: [
+                [sum(values) for values in zip(*rows, strict=True)]
+                for rows in zip(*(state["total"][sign][quantity] for state in states), strict=True)
+            ]
+            for quantity in ("weight_sum", "count")
+        }
+        for sign in ("positive", "negative")
+    }
+    return {**first, "total": total, "windows": []}
+
+
 def compare_main(argv: list[str]) -> int:
     from .notices import ignore_known_notices
 
@@ -685,7 +712,8 @@ def plot_main(argv: list[str]) -> int:
     parser.add_argument(
         "--weights",
         action="store_true",
-        help="draw each run's ASPO weight map (weight_map.json, written with log_weight_map=true) instead of curves",
+        help="draw each run's ASPO weight map (weight_map.json, written with log_weight_map=true) instead of curves; "
+        "runs given the same --labels entry are pooled (their cells added)",
     )
     parser.add_argument("--output", help="figure path (default: comparison.png, or weight_map.png with --weights)")
     parser.add_argument("--smoothing", type=int, default=5, help="trailing running-mean window in steps (>= 1)")
@@ -699,10 +727,14 @@ def plot_main(argv: list[str]) -> int:
         report("trl-aspo plot", ConfigurationError(missing))
     labels = args.labels or [Path(run_dir).resolve().name for run_dir in args.run_dirs]
     if args.weights:
-        if len(set(labels)) != len(labels):
-            parser.error(f"--weights draws one column per run: the labels {labels} must differ (use --labels)")
+        by_label: dict[str, list[dict]] = {}
         try:
-            maps = {label: load_weight_map(run_dir) for label, run_dir in zip(labels, args.run_dirs, strict=True)}
+            for label, run_dir in zip(labels, args.run_dirs, strict=True):
+                by_label.setdefault(label, []).append(load_weight_map(run_dir))
+            maps = {
+                (label if len(states) == 1 else f"{label} ({len(states)} runs)"): pool_weight_maps(states, label)
+                for label, states in by_label.items()
+            }
         except ValueError as error:
             parser.error(str(error))
         path = plot_weight_maps(maps, args.output or "weight_map.png")

@@ -317,3 +317,24 @@ def test_plot_weights_pools_runs_with_one_label(tmp_path):
     output = tmp_path / "pooled.png"
     assert main(["plot", "--weights", *runs, "--labels", "aspo", "aspo", "--output", str(output)]) == 0
     assert output.stat().st_size > 0
+
+
+def test_a_number_yaml_reads_as_a_string_gets_its_field_type(tmp_path):
+    """YAML 1.1 reads `1e-3` (no dot) as a string; `trl-aspo train` converts it, and so must compare (it reached
+    torch's optimizer as a string before)."""
+    from trl_aspo.experiments import apply_command_line, parse_run_config
+
+    body = """
+        output_dir: o
+        seeds: [0]
+        variants:
+          a: {learning_rate: 1e-3}
+        """
+    experiment = load_experiment(write_experiment(tmp_path, body))
+    _, training_args, _, _ = parse_run_config(experiment.run_config("a", 0))
+    assert training_args.learning_rate == 0.001
+    apply_command_line(experiment, overrides=["max_steps=3", "beta=1e-2"])
+    _, training_args, _, _ = parse_run_config(experiment.run_config("a", 0))
+    assert (training_args.max_steps, training_args.beta) == (3, 0.01)
+    with pytest.raises(ValueError, match="variant 'a'.*learning_rate"):
+        load_experiment(write_experiment(tmp_path, body.replace("1e-3", "fast")))

@@ -181,11 +181,12 @@ def check_keys_for_trainer(keys, trainer: str) -> None:
 
 
 def parse_config(config: dict):
-    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file)."""
+    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file), parsed
+    as `trl-aspo train --config` parses it, so a value YAML reads as a string (`1e-3`) gets its field's type."""
     trainer = config.get("trainer", "sync")
     _check_choice("trainer", trainer, TRAINERS)
     check_keys_for_trainer(config, trainer)
-    return make_parser(trainer=trainer).parse_dict(config)
+    return parse_checked(make_parser(trainer=trainer), config, [])
 
 
 def resolve_callable(name: str, builtins: dict[str, str], what: str):

@@ -272,27 +272,36 @@ PRIORITIZED_LOOPS = {
 PRIORITIZED_LOOPS.update({TRACKED_LOOPS[base]: prioritized for base, prioritized in list(PRIORITIZED_LOOPS.items())})
 
 
+def _swap_loop(worker, base: type, counterparts: dict[type, type], wrong_worker: str, no_counterpart: str) -> None:
+    """Give `worker` (TRL's `AsyncRolloutWorker`, a subclass, or `LocalRolloutWorker`; not yet started) the
+    counterpart of its loop class that derives from `base` (kept when it already does). `wrong_worker` is the error
+    for another worker, `no_counterpart` for a loop class without a counterpart (`{loop}` is its name)."""
+    if not isinstance(worker, AsyncRolloutWorker | LocalRolloutWorker):
+        raise TypeError(wrong_worker.format(worker=type(worker).__name__))
+    loop_cls = worker._loop_cls
+    if not issubclass(loop_cls, base):
+        if loop_cls not in counterparts:
+            raise TypeError(no_counterpart.format(loop=loop_cls.__qualname__))
+        worker._loop_cls = counterparts[loop_cls]
+
+
 def attach_prompt_priorities(worker, priorities: PromptPriorities) -> None:
     """Make `worker` (not yet started) draw its prompts from `priorities`.
 
     Works for TRL's `AsyncRolloutWorker` and its subclasses, whose loop class is one of `PRIORITIZED_LOOPS` (or
     already a `PrioritizedPromptLoop`), and for `LocalRolloutWorker`: the worker's `_loop_cls` becomes the
     prioritized counterpart and `prompt_priorities` joins the kwargs its loop is built with."""
-    if not isinstance(worker, AsyncRolloutWorker | LocalRolloutWorker):
-        raise TypeError(
-            f"prioritized_sampling=True draws prompts inside the rollout worker's loop, which only TRL's "
-            f"AsyncRolloutWorker (and its subclasses) and trl_aspo's LocalRolloutWorker expose; got a "
-            f"{type(worker).__name__}. Use one of those workers, or set prioritized_sampling=False."
-        )
-    loop_cls = worker._loop_cls
-    if not issubclass(loop_cls, PrioritizedPromptLoop):
-        if loop_cls not in PRIORITIZED_LOOPS:
-            raise TypeError(
-                f"prioritized_sampling=True: the worker's loop class {loop_cls.__qualname__} has no prioritized "
-                "counterpart; define a module-level `class MyLoop(PrioritizedPromptLoop, "
-                f"{loop_cls.__qualname__})` and set it as the worker's `_loop_cls`."
-            )
-        worker._loop_cls = PRIORITIZED_LOOPS[loop_cls]
+    _swap_loop(
+        worker,
+        PrioritizedPromptLoop,
+        PRIORITIZED_LOOPS,
+        "prioritized_sampling=True draws prompts inside the rollout worker's loop, which only TRL's "
+        "AsyncRolloutWorker (and its subclasses) and trl_aspo's LocalRolloutWorker expose; got a "
+        "{worker}. Use one of those workers, or set prioritized_sampling=False.",
+        "prioritized_sampling=True: the worker's loop class {loop} has no prioritized "
+        "counterpart; define a module-level `class MyLoop(PrioritizedPromptLoop, "
+        "{loop})` and set it as the worker's `_loop_cls`.",
+    )
     worker._loop_kwargs["prompt_priorities"] = priorities
 
 
@@ -300,18 +309,14 @@ def attach_rollout_tracking(worker, dispatches: PromptDispatches | None) -> None
     """Make `worker` (not yet started) emit `TrackedRolloutSample`s and, with `dispatches`, record each prompt's
     first dispatch there. Works for the workers and loop classes `attach_prompt_priorities` takes (a prioritized
     loop already is a tracked one)."""
-    if not isinstance(worker, AsyncRolloutWorker | LocalRolloutWorker):
-        raise TypeError(
-            "attach_rollout_tracking works inside the rollout worker's loop, which only TRL's AsyncRolloutWorker (and "
-            f"its subclasses) and trl_aspo's LocalRolloutWorker expose; got a {type(worker).__name__}."
-        )
-    loop_cls = worker._loop_cls
-    if not issubclass(loop_cls, TrackedRolloutLoop):
-        if loop_cls not in TRACKED_LOOPS:
-            raise TypeError(
-                f"advantage_estimator 'spo'/'spo++': the worker's loop class {loop_cls.__qualname__} has no tracked "
-                "counterpart; define a module-level `class MyLoop(TrackedRolloutLoop, "
-                f"{loop_cls.__qualname__})` and set it as the worker's `_loop_cls`."
-            )
-        worker._loop_cls = TRACKED_LOOPS[loop_cls]
+    _swap_loop(
+        worker,
+        TrackedRolloutLoop,
+        TRACKED_LOOPS,
+        "attach_rollout_tracking works inside the rollout worker's loop, which only TRL's AsyncRolloutWorker (and "
+        "its subclasses) and trl_aspo's LocalRolloutWorker expose; got a {worker}.",
+        "advantage_estimator 'spo'/'spo++': the worker's loop class {loop} has no tracked "
+        "counterpart; define a module-level `class MyLoop(TrackedRolloutLoop, "
+        "{loop})` and set it as the worker's `_loop_cls`.",
+    )
     worker._loop_kwargs["prompt_dispatches"] = dispatches

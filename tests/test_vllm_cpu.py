@@ -48,3 +48,28 @@ def test_grpo_trainer_builds_the_cpu_generation_only_inside_the_scope():
 
 def test_on_cpu():
     assert on_cpu("cpu") and on_cpu(torch.device("cpu")) and not on_cpu("cuda:0")
+
+
+def test_served_dtype_asks_the_server_once():
+    """The dev-endpoint check and the dtype warning both read the dtype; the server is asked once (its dtype is fixed
+    at start). The session is replaced by a recorder: this checks the request count, the tier checks the real
+    server's answer."""
+    from trl_aspo.vllm_cpu import VLLMServerReload
+
+    class Response:
+        status_code, content = 200, b"{}"
+
+        def json(self):
+            return {"vllm_config": {"model_config": {"dtype": "torch.float32"}}}
+
+    class Session:
+        paths: list[str] = []
+
+        def request(self, method, url, **kwargs):
+            self.paths.append(url)
+            return Response()
+
+    reload = VLLMServerReload("http://127.0.0.1:1")
+    reload._session = Session()
+    assert [reload.served_dtype(), reload.served_dtype()] == ["float32", "float32"]
+    assert reload._session.paths == ["http://127.0.0.1:1/server_info"]

@@ -86,6 +86,7 @@ class VLLMServerReload:
         self.timeout = timeout
         self._session = requests.Session()
         self._directory: Path | None = None
+        self._served_dtype: str | None = None
 
     def _request(self, method: str, path: str, **kwargs) -> dict:
         response = self._session.request(method, f"{self.base_url}{path}", timeout=self.timeout, **kwargs)
@@ -121,9 +122,12 @@ class VLLMServerReload:
         return [entry["id"] for entry in self._request("GET", "/v1/models")["data"]]
 
     def served_dtype(self) -> str:
-        """The dtype the server computes in, e.g. 'float32' (from `/server_info`, a development endpoint)."""
-        info = self._request("GET", "/server_info", params={"config_format": "json"})["vllm_config"]
-        return str(info["model_config"]["dtype"]).removeprefix("torch.")
+        """The dtype the server computes in, e.g. 'float32' (from `/server_info`, a development endpoint; asked once,
+        since a server's dtype is fixed when it starts)."""
+        if self._served_dtype is None:
+            info = self._request("GET", "/server_info", params={"config_format": "json"})["vllm_config"]
+            self._served_dtype = str(info["model_config"]["dtype"]).removeprefix("torch.")
+        return self._served_dtype
 
     def pause(self) -> None:
         self._request("POST", "/pause", params={"mode": "keep"})

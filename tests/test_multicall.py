@@ -277,3 +277,27 @@ def test_shipped_model_trains_and_makes_several_calls(tmp_path):
     )
     assert metrics["calls_per_completion"] > 1.2
     assert max(record["num_calls"] for record in metrics["records"]) >= 2
+
+
+# ------------------------------------------------------------------------------------------------------ wiring
+def test_builtin_names_resolve_to_the_multicall_task():
+    from types import SimpleNamespace
+
+    from trl_aspo.async_infra import resolve_model_path
+    from trl_aspo.builtin import multicall
+    from trl_aspo.train import load_datasets, resolve_functions
+
+    script_args = SimpleNamespace(
+        dataset_name="builtin:multicall",
+        builtin_train_size=12,
+        builtin_test_size=8,
+        builtin_seed=3,
+        reward_funcs=["builtin:correctness"],
+        tools=["builtin:one-op-calculator"],
+    )
+    train, test = load_datasets(script_args, None)
+    assert train["prompt"] == make_dataset("train", 12, seed=3)["prompt"]
+    assert test["answer"] == make_dataset("test", 8, seed=3)["answer"]
+    rewards, tools = resolve_functions(script_args)
+    assert tools == [multicall.calculator] and rewards == [correctness_reward]
+    assert resolve_model_path(TINY_MULTICALL) == str(MULTICALL_CHECKPOINT_DIR)

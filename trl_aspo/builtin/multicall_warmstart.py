@@ -28,7 +28,7 @@ class MultiCallWarmStartConfig:
     """Data mix and optimization of the multi-call warm start (defaults build the shipped checkpoint)."""
 
     seed: int = 0
-    steps: int = 1500
+    steps: int = 1300
     batch_size: int = 32
     learning_rate: float = 2e-3
     warmup_steps: int = 50
@@ -43,7 +43,7 @@ class MultiCallWarmStartConfig:
     late_random_result_probability: float = 0.3
     # The mix that leaves room for RL: how often a transcript makes every call it needs (otherwise it stops after a
     # uniformly drawn smaller number of calls), and how often text comes before the first call.
-    complete_probability: float = 0.3
+    complete_probability: float = 0.6
     preamble_probability: float = 0.6
     # Answers without any call are guesses: right this often, otherwise another same-family problem's answer.
     direct_correct_probability: float = 0.1

@@ -302,3 +302,19 @@ def test_builtin_names_resolve_to_the_multicall_task():
     rewards, tools = resolve_functions(script_args)
     assert tools == [multicall.calculator] and rewards == [correctness_reward]
     assert resolve_model_path(TINY_MULTICALL) == str(MULTICALL_CHECKPOINT_DIR)
+
+
+@pytest.mark.slow
+@needs_checkpoint
+def test_evaluate_command_defaults_to_the_multicall_task_for_its_model(tmp_path):
+    from trl_aspo.cli import main as cli_main
+
+    output = tmp_path / "eval.json"
+    argv = ["evaluate", "--model", TINY_MULTICALL, "--limit", "4", "--records", "--output", str(output)]
+    code = cli_main([*argv, "--max_completion_length", "128", "--max_tool_calling_iterations", "4"])
+    assert code == 0
+    report = json.loads(output.read_text())
+    assert (report["model"], report["dataset"], report["split"]) == (TINY_MULTICALL, "builtin:multicall", "test")
+    questions = [record["prompt"][0]["content"] for record in report["records"]]
+    assert questions == [question(problem) for problem in make_problems("test", 4, seed=0)]
+    assert report["settings"]["max_tool_calling_iterations"] == 4

@@ -1,7 +1,8 @@
 """`trl-aspo evaluate`: held-out tool-use metrics of a model, with the tool loop the trainer uses.
 
-    trl-aspo evaluate [--model builtin:tiny-calculator | DIR | HUB_ID] [--config X.yaml] [--num_samples k]
-                      [--temperature T] [--split test] [--limit N] [--output FILE.json] [--records] [--key value ...]
+    trl-aspo evaluate [--model builtin:tiny-calculator | builtin:tiny-multicall | DIR | HUB_ID] [--config X.yaml]
+                      [--num_samples k] [--temperature T] [--split test] [--limit N] [--output FILE.json] [--records]
+                      [--key value ...]
 
 `--config` takes the training YAML and evaluates exactly as its before/after summary does (`report.heldout_settings`):
 the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the reward (`reward_funcs`; the one named by
@@ -9,7 +10,8 @@ the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the rewa
 `eval_temperature` and the generation budget (`max_completion_length`, `max_tool_calling_iterations`, `seed`).
 `--num_samples` / `--temperature` and any training field given as `--key value` override the YAML, as in
 `trl-aspo train`. Without `--config` the built-in task is evaluated: the calculator problems, the correctness reward
-and the calculator tool, one greedy sample per problem (temperature 1 for several).
+and the calculator tool (for `--model builtin:tiny-multicall`: the `builtin:multicall` problems and their one-operation
+calculator), one greedy sample per problem (temperature 1 for several).
 
 Prints a table (accuracy avg@k, pass@k, tool-call rate, mean first-call position, calls per completion, interactive
 turns) and writes it as JSON, by default to `<model dir>/evaluation.json` for a local model, else to
@@ -27,8 +29,10 @@ from typing import Any
 
 from .cli_config import ConfigurationError, check_command_line, missing_path_problem, report
 
-# `trl_aspo.builtin.TINY_CALCULATOR`, spelled out so that `--help` and the argument checks import no model code.
+# `trl_aspo.builtin.TINY_CALCULATOR` and `TINY_MULTICALL`, spelled out so that `--help` and the argument checks
+# import no model code.
 DEFAULT_MODEL = "builtin:tiny-calculator"
+MULTICALL_MODEL = "builtin:tiny-multicall"
 PROG = "trl-aspo evaluate"
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
@@ -162,9 +166,9 @@ def format_table(metrics: dict[str, Any]) -> str:
 
 def _select_split(script_args, dataset_args, split: str | None):
     """The evaluation split: the built-in task's `train`/`test`, or a named split of any other dataset."""
-    from .train import BUILTIN_DATASET, load_datasets
+    from .train import BUILTIN_DATASETS, load_datasets
 
-    if script_args.dataset_name == BUILTIN_DATASET:
+    if script_args.dataset_name in BUILTIN_DATASETS:
         split = split or "test"
         if split not in ("train", "test"):
             raise ValueError(f"--split {split!r}: the built-in task has the splits 'train' and 'test'.")
@@ -210,8 +214,9 @@ def main(argv: list[str]) -> int:
         from .report import correctness_reward, heldout_settings
         from .train import (
             BUILTIN_DATASET,
+            BUILTIN_DATASETS,
             BUILTIN_REWARDS,
-            BUILTIN_TOOLS,
+            MULTICALL_DATASET,
             make_parser,
             parse_checked,
             resolve_functions,
@@ -222,11 +227,12 @@ def main(argv: list[str]) -> int:
             make_parser(prog=PROG, trainer=trainer), config, [*_PARSE_AS_CPU, *rest]
         )
         if args.config is None:
-            # No config: the built-in task, complete with its reward and tool.
-            script_args.dataset_name = script_args.dataset_name or BUILTIN_DATASET
-            if script_args.dataset_name == BUILTIN_DATASET:
+            # No config: the built-in task (the multi-call one for its model), complete with its reward and tool.
+            default_dataset = MULTICALL_DATASET if args.model == MULTICALL_MODEL else BUILTIN_DATASET
+            script_args.dataset_name = script_args.dataset_name or default_dataset
+            if script_args.dataset_name in BUILTIN_DATASETS:
                 script_args.reward_funcs = script_args.reward_funcs or list(BUILTIN_REWARDS)
-                script_args.tools = script_args.tools or list(BUILTIN_TOOLS)
+                script_args.tools = script_args.tools or [BUILTIN_DATASETS[script_args.dataset_name][1]]
         reward_funcs, tools = resolve_functions(script_args)
         reward_fn = correctness_reward(reward_funcs, training_args)
     except ConfigurationError as error:

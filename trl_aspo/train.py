@@ -34,8 +34,18 @@ ROLLOUT_WORKERS = {
     "trl": "TRL's own rollout worker process with a vLLM server at vllm_server_base_url (GPU)",
 }
 BUILTIN_DATASET = "builtin:calculator"
+MULTICALL_DATASET = "builtin:multicall"
+# Each built-in task: its problem generator and the built-in tool that solves it.
+BUILTIN_DATASETS = {
+    BUILTIN_DATASET: ("trl_aspo.builtin.task.make_dataset", "builtin:calculator"),
+    MULTICALL_DATASET: ("trl_aspo.builtin.multicall.make_dataset", "builtin:one-op-calculator"),
+}
 BUILTIN_REWARDS = {"builtin:correctness": "trl_aspo.builtin.task.correctness_reward"}
-BUILTIN_TOOLS = {"builtin:calculator": "trl_aspo.builtin.task.calculator"}
+BUILTIN_TOOLS = {
+    "builtin:calculator": "trl_aspo.builtin.task.calculator",
+    # One operation per call (and named `calculator` too, see trl_aspo.builtin.multicall): for builtin:multicall.
+    "builtin:one-op-calculator": "trl_aspo.builtin.multicall.calculator",
+}
 
 
 @dataclass
@@ -57,10 +67,12 @@ class ASPOScriptArguments(ScriptArguments):
         },
     )
     builtin_train_size: int = field(
-        default=2000, metadata={"help": f"Training problems generated for dataset_name={BUILTIN_DATASET!r}."}
+        default=2000,
+        metadata={"help": f"Training problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
     )
     builtin_test_size: int = field(
-        default=200, metadata={"help": f"Held-out problems generated for dataset_name={BUILTIN_DATASET!r}."}
+        default=200,
+        metadata={"help": f"Held-out problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
     )
     builtin_seed: int = field(default=0, metadata={"help": "Seed of the built-in task's problem generator."})
     evaluate_before_after: bool = field(
@@ -123,7 +135,9 @@ class AsyncModelArguments:
 
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "A local model directory, a hub id, or 'builtin:tiny-calculator'."},
+        metadata={
+            "help": "A local model directory, a hub id, or 'builtin:tiny-calculator' / 'builtin:tiny-multicall'."
+        },
     )
 
 
@@ -232,9 +246,10 @@ def resolve_functions(script_args) -> tuple[list, list]:
 
 def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixtureConfig):
     """Return (train, test) datasets; the built-in task is generated locally, anything else goes through TRL."""
-    if script_args.dataset_name == BUILTIN_DATASET:
-        from .builtin.task import make_dataset
-
+    if script_args.dataset_name in BUILTIN_DATASETS:
+        make_dataset = resolve_callable(
+            script_args.dataset_name, {k: v for k, (v, _) in BUILTIN_DATASETS.items()}, "dataset_name"
+        )
         train = make_dataset("train", script_args.builtin_train_size, seed=script_args.builtin_seed)
         test = make_dataset("test", script_args.builtin_test_size, seed=script_args.builtin_seed)
         return train, test
@@ -246,7 +261,7 @@ def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixture
     elif script_args.dataset_name:
         dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
     else:
-        raise ValueError(f"Set `dataset_name` (a dataset name or {BUILTIN_DATASET!r}) or `datasets`.")
+        raise ValueError(f"Set `dataset_name` (a dataset name or one of {sorted(BUILTIN_DATASETS)}) or `datasets`.")
     test = dataset.get(script_args.dataset_test_split)
     return dataset[script_args.dataset_train_split], test
 

@@ -125,7 +125,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, WeightMapMixin, GRPOTrainer):
     advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).
 
     Takes exactly `GRPOTrainer`'s arguments. `model` may also name a built-in model (`"builtin:tiny-calculator"`,
-    `"builtin:tiny-random"`), loaded locally with its tokenizer.
+    `"builtin:tiny-multicall"`, `"builtin:tiny-random"`), loaded locally with its tokenizer.
     """
 
     _tag_names = ["trl", "grpo", "aspo"]

@@ -2,7 +2,10 @@
 
 from .model import (
     CHECKPOINT_DIR,
+    MULTICALL_CHECKPOINT_DIR,
+    SHIPPED_CHECKPOINTS,
     TINY_CALCULATOR,
+    TINY_MULTICALL,
     TINY_RANDOM,
     build_model_config,
     build_random_model,
@@ -14,7 +17,10 @@ from .tokenizer import build_tokenizer, is_builtin_tokenizer_dir, load_tokenizer
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "MULTICALL_CHECKPOINT_DIR",
+    "SHIPPED_CHECKPOINTS",
     "TINY_CALCULATOR",
+    "TINY_MULTICALL",
     "TINY_RANDOM",
     "build_model_config",
     "build_random_model",

@@ -1,8 +1,10 @@
-"""Built-in tiny Qwen2 models, addressable by name (`builtin:tiny-random`, `builtin:tiny-calculator`).
+"""Built-in tiny Qwen2 models, addressable by name (`builtin:tiny-random`, `builtin:tiny-calculator`,
+`builtin:tiny-multicall`).
 
 They let tests and a CPU user without network run the whole pipeline: the random model for plumbing tests, the
 warm-started calculator model (shipped in the package, rebuilt by `scripts/build_tiny_calculator.py`) to see RL
-improve tool use.
+improve tool use, and the multi-call model (rebuilt by `scripts/build_tiny_multicall.py`) for the multi-call task
+`builtin:multicall`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from .tokenizer import build_tokenizer, load_tokenizer
 BUILTIN_PREFIX = "builtin:"
 TINY_RANDOM = "builtin:tiny-random"
 TINY_CALCULATOR = "builtin:tiny-calculator"
+TINY_MULTICALL = "builtin:tiny-multicall"
 CHECKPOINT_DIR = Path(__file__).parent / "checkpoints" / "tiny-calculator"
+MULTICALL_CHECKPOINT_DIR = Path(__file__).parent / "checkpoints" / "tiny-multicall"
+# The shipped checkpoints: name -> (directory, the script that rebuilds it).
+SHIPPED_CHECKPOINTS = {
+    TINY_CALCULATOR: (CHECKPOINT_DIR, "scripts/build_tiny_calculator.py"),
+    TINY_MULTICALL: (MULTICALL_CHECKPOINT_DIR, "scripts/build_tiny_multicall.py"),
+}
 
 
 def is_builtin(name: str | os.PathLike) -> bool:
@@ -85,20 +94,22 @@ def build_random_model(
 def load_builtin(name: str) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """Load a built-in model and its tokenizer (response schema set, so TRL's tool loop parses calls).
 
-    `builtin:tiny-random` is built in memory (deterministic); `builtin:tiny-calculator` is the warm-started checkpoint
-    shipped in the package.
+    `builtin:tiny-random` is built in memory (deterministic); `builtin:tiny-calculator` and `builtin:tiny-multicall`
+    are the warm-started checkpoints shipped in the package.
     """
     if name == TINY_RANDOM:
         tokenizer = build_tokenizer()
         return build_random_model(tokenizer), tokenizer
-    if name == TINY_CALCULATOR:
-        if not (CHECKPOINT_DIR / "model.safetensors").is_file():
+    if name in SHIPPED_CHECKPOINTS:
+        directory, script = SHIPPED_CHECKPOINTS[name]
+        if not (directory / "model.safetensors").is_file():
             raise FileNotFoundError(
-                f"The built-in checkpoint {name!r} is missing from {CHECKPOINT_DIR}. Rebuild it with "
-                "`python scripts/build_tiny_calculator.py` (about 10 minutes on CPU)."
+                f"The built-in checkpoint {name!r} is missing from {directory}. Rebuild it with "
+                f"`python {script}` (about 10 minutes on CPU)."
             )
-        tokenizer = load_tokenizer(CHECKPOINT_DIR)
-        model = Qwen2ForCausalLM.from_pretrained(CHECKPOINT_DIR, dtype=torch.float32)
+        tokenizer = load_tokenizer(directory)
+        model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
         model.generation_config = _generation_config(tokenizer)
         return model, tokenizer
-    raise ValueError(f"Unknown built-in model {name!r}; available: {TINY_RANDOM!r}, {TINY_CALCULATOR!r}.")
+    available = ", ".join(repr(n) for n in [TINY_RANDOM, *SHIPPED_CHECKPOINTS])
+    raise ValueError(f"Unknown built-in model {name!r}; available: {available}.")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,13 +80,14 @@ class Segment:
 class TranscriptEncoder:
     """Turns (problem, decisions) into token segments the way TRL's tool loop concatenates a rollout."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerFast):
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, tools: list[Callable] | None = None):
         self.tokenizer = tokenizer
+        self.tools = tools or [calculator]
         self._suffix_cache: dict[str, list[int]] = {}
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=[calculator], add_generation_prompt=add_generation_prompt, tokenize=False
+            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
 
     def _encode(self, text: str) -> list[int]:
@@ -102,35 +104,46 @@ class TranscriptEncoder:
 
     def suffix(self, result: str) -> list[int]:
         if result not in self._suffix_cache:
+            name = self.tools[0].__name__
             self._suffix_cache[result] = tool_suffix_ids(
-                self.tokenizer, [{"role": "tool", "name": "calculator", "content": result}]
+                self.tokenizer, [{"role": "tool", "name": name, "content": result}]
             )
         return self._suffix_cache[result]
+
+    def encode_calls(
+        self, question: str, preamble: str, calls: list[tuple[str, str]], answer: int | str
+    ) -> list[Segment]:
+        """Segments of a rollout making `calls` in turn (one per assistant turn), then answering `answer`.
+
+        `calls` are (expression, tool result) pairs; `preamble` is text before the first call (or before the answer
+        when there is no call). The segments are: the prompt; per call, the assistant turn (trainable) and the
+        tool-response suffix TRL appends by ids; the final turn (trainable), which follows the
+        "<|im_start|>assistant\n" the last suffix already holds.
+        """
+        user = {"role": "user", "content": question}
+        segments = [Segment(self._encode(self._render([user], add_generation_prompt=True)), trainable=False)]
+        final_text = ANSWER_TEMPLATE.format(answer=answer)
+        if not calls:
+            turn = {"role": "assistant", "content": " ".join(filter(None, [preamble, final_text]))}
+            return [*segments, Segment(self._encode(self._turn_text([user], turn)), trainable=True)]
+        name = self.tools[0].__name__
+        for index, (expression, result) in enumerate(calls):
+            tool_call = {"type": "function", "function": {"name": name, "arguments": {"expression": expression}}}
+            # The Qwen2.5 template renders an assistant turn independently of the turns before it.
+            turn = {"role": "assistant", "content": preamble if index == 0 else "", "tool_calls": [tool_call]}
+            segments.append(Segment(self._encode(self._turn_text([user], turn)), trainable=True))
+            segments.append(Segment(self.suffix(result), trainable=False))
+        return [*segments, Segment(self._encode(final_text + self.tokenizer.eos_token), trainable=True)]
 
     def encode(
         self, problem: Problem, call: bool, preamble: str, direct_answer: int, tool_result: int
     ) -> list[Segment]:
+        """Segments of a `builtin:calculator` rollout: one call `a op b` answered `tool_result`, or a direct answer."""
         a, op, b = problem
-        user = {"role": "user", "content": QUESTION_TEMPLATE.format(a=a, op=op, b=b)}
-        prompt_ids = self._encode(self._render([user], add_generation_prompt=True))
-        segments = [Segment(prompt_ids, trainable=False)]
+        question = QUESTION_TEMPLATE.format(a=a, op=op, b=b)
         if not call:
-            content = " ".join(filter(None, [preamble, ANSWER_TEMPLATE.format(answer=direct_answer)]))
-            turn = {"role": "assistant", "content": content}
-            return [*segments, Segment(self._encode(self._turn_text([user], turn)), trainable=True)]
-        tool_call = {
-            "type": "function",
-            "function": {"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}},
-        }
-        turn = {"role": "assistant", "content": preamble, "tool_calls": [tool_call]}
-        final = {"role": "assistant", "content": ANSWER_TEMPLATE.format(answer=tool_result)}
-        return [
-            *segments,
-            Segment(self._encode(self._turn_text([user], turn)), trainable=True),
-            Segment(self.suffix(str(tool_result)), trainable=False),
-            # The final turn follows "<|im_start|>assistant\n", which the suffix already holds.
-            Segment(self._encode(final["content"] + self.tokenizer.eos_token), trainable=True),
-        ]
+            return self.encode_calls(question, preamble, [], direct_answer)
+        return self.encode_calls(question, preamble, [(f"{a}{op}{b}", str(tool_result))], tool_result)
 
 
 def _random_problem(rng: random.Random, op: str) -> Problem:
@@ -214,18 +227,20 @@ def init_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokeniz
         embeddings[number_ids] += shared
 
 
-def warm_start(
+def fit_transcripts(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    config: WarmStartConfig | None = None,
+    config: Any,
+    draw: Callable[[bool], list[Segment]],
     progress: bool = True,
 ) -> list[float]:
-    """Train `model` in place on synthetic transcripts of training-split problems; return the loss per step."""
-    config = config or WarmStartConfig()
-    rng = random.Random(config.seed)
+    """Train `model` in place on transcripts `draw(curriculum)` returns; return the loss per step.
+
+    `config` holds the optimization fields of `WarmStartConfig` (steps, batch_size, learning_rate, warmup_steps,
+    weight_decay, max_grad_norm, number_loss_weight, copy_steps, seed): AdamW, linear warmup then cosine decay, the
+    first `copy_steps` steps drawn with `curriculum=True`.
+    """
     torch.manual_seed(config.seed)
-    problems = make_problems("train", config.num_train_problems, seed=config.seed)
-    encoder = TranscriptEncoder(tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
 
     def schedule(step: int) -> float:
@@ -241,10 +256,7 @@ def warm_start(
     bar = tqdm(range(config.steps), desc="warm start", disable=not progress)
     for step in bar:
         curriculum = step < config.copy_steps
-        transcripts = [
-            sample_transcript(rng, encoder, rng.choice(problems), config, curriculum) for _ in range(config.batch_size)
-        ]
-        batch = collate(transcripts, tokenizer.pad_token_id)
+        batch = collate([draw(curriculum) for _ in range(config.batch_size)], tokenizer.pad_token_id)
         loss, number_accuracy = _loss(model, batch, number_ids, config.number_loss_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -257,3 +269,21 @@ def warm_start(
         )
     model.eval()
     return losses
+
+
+def warm_start(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    config: WarmStartConfig | None = None,
+    progress: bool = True,
+) -> list[float]:
+    """Train `model` in place on synthetic transcripts of training-split problems; return the loss per step."""
+    config = config or WarmStartConfig()
+    rng = random.Random(config.seed)
+    problems = make_problems("train", config.num_train_problems, seed=config.seed)
+    encoder = TranscriptEncoder(tokenizer)
+
+    def draw(curriculum: bool) -> list[Segment]:
+        return sample_transcript(rng, encoder, rng.choice(problems), config, curriculum)
+
+    return fit_transcripts(model, tokenizer, config, draw, progress)

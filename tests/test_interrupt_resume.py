@@ -53,6 +53,9 @@ def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_re
         stderr=subprocess.PIPE,
         text=True,
         env=cli_env(),
+        # Ctrl-C in a terminal: a suite started in the background (`make test &`, nohup) ignores SIGINT, which the
+        # child would inherit, and Python then installs no KeyboardInterrupt handler at all.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first_checkpoint = output_dir / "checkpoint-2" / "trainer_state.json"
     deadline = time.monotonic() + 240

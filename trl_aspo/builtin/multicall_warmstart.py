@@ -20,45 +20,21 @@ from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from .multicall import FAMILIES, MultiCallProblem, calculator, make_problems, question, random_problem, solution_calls
 from .task import PREAMBLES
-from .warmstart import Segment, TranscriptEncoder, fit_transcripts
+from .warmstart import Segment, TranscriptEncoder, TranscriptFitConfig, fit_transcripts
 
 
 @dataclass
-class MultiCallWarmStartConfig:
+class MultiCallWarmStartConfig(TranscriptFitConfig):
     """Data mix and optimization of the multi-call warm start (defaults build the shipped checkpoint)."""
 
-    seed: int = 0
     steps: int = 1300
-    batch_size: int = 32
     learning_rate: float = 2e-3
-    warmup_steps: int = 50
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
     num_train_problems: int = 8_000
-    number_loss_weight: float = 2.0
-    # The first `copy_steps` make every call and get random tool results: only copying predicts the later calls and
-    # the answer, so the multi-turn copy pattern forms before the model has to decide when to stop.
     copy_steps: int = 400
-    random_result_probability: float = 1.0
-    late_random_result_probability: float = 0.3
-    # The mix that leaves room for RL: how often a transcript makes every call it needs (otherwise it stops after a
-    # uniformly drawn smaller number of calls), and how often text comes before the first call.
-    complete_probability: float = 0.6
     preamble_probability: float = 0.6
-    # Answers without any call are guesses: right this often, otherwise another same-family problem's answer.
-    direct_correct_probability: float = 0.1
-
-    def __post_init__(self):
-        for name in (
-            "random_result_probability",
-            "late_random_result_probability",
-            "complete_probability",
-            "preamble_probability",
-            "direct_correct_probability",
-        ):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+    # The mix that leaves room for RL: how often a transcript makes every call it needs (otherwise it stops after a
+    # uniformly drawn smaller number of calls).
+    complete_probability: float = 0.6
 
 
 def sample_multicall_transcript(

@@ -44,8 +44,9 @@ IGNORE_INDEX = -100
 
 
 @dataclass
-class WarmStartConfig:
-    """Data mix and optimization of the warm start (defaults build the shipped checkpoint)."""
+class TranscriptFitConfig:
+    """Optimization and the data-mix knobs shared by the built-in warm starts (`fit_transcripts` reads the first
+    group; the transcript samplers the rest)."""
 
     seed: int = 0
     steps: int = 1200
@@ -56,17 +57,29 @@ class WarmStartConfig:
     max_grad_norm: float = 1.0
     num_train_problems: int = 9_000
     number_loss_weight: float = 2.0
-    # The first `copy_steps` always call the tool and get a random tool result: only copying can predict the answer,
-    # so the copy circuit forms (over every number token) before the model has to decide anything.
+    # The first `copy_steps` make every call and get random tool results: only copying can predict what follows, so
+    # the copy circuit forms (over every number token) before the model has to decide anything.
     copy_steps: int = 500
     random_result_probability: float = 1.0
     # After the curriculum, a share of random results keeps copying (rather than estimating) the rule.
     late_random_result_probability: float = 0.3
-    # The mix that leaves room for RL: how often a transcript calls, and how often text comes first.
-    call_probability: float = 0.4
+    # How often text comes before the first call.
     preamble_probability: float = 0.7
-    # Direct answers are guesses: right this often, otherwise off by a small amount.
+    # Answers without a call are guesses: right this often, otherwise another problem's answer.
     direct_correct_probability: float = 0.1
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if name.endswith("_probability") and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+
+
+@dataclass
+class WarmStartConfig(TranscriptFitConfig):
+    """Data mix and optimization of the single-call warm start (defaults build the shipped checkpoint)."""
+
+    # The mix that leaves room for RL: how often a transcript calls at all.
+    call_probability: float = 0.4
 
 
 @dataclass
@@ -230,14 +243,14 @@ def init_number_embeddings(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokeniz
 def fit_transcripts(
     model: Qwen2ForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
-    config: Any,
+    config: TranscriptFitConfig,
     draw: Callable[[bool], list[Segment]],
     progress: bool = True,
 ) -> list[float]:
     """Train `model` in place on transcripts `draw(curriculum)` returns; return the loss per step.
 
-    `config` holds the optimization fields of `WarmStartConfig` (steps, batch_size, learning_rate, warmup_steps,
-    weight_decay, max_grad_norm, number_loss_weight, copy_steps, seed): AdamW, linear warmup then cosine decay, the
+    Of `config` it reads the optimization fields (steps, batch_size, learning_rate, warmup_steps, weight_decay,
+    max_grad_norm, number_loss_weight, copy_steps, seed): AdamW, linear warmup then cosine decay, the
     first `copy_steps` steps drawn with `curriculum=True`.
     """
     torch.manual_seed(config.seed)

@@ -58,7 +58,7 @@ def measure(kind: str, args: argparse.Namespace, output_dir: str) -> tuple[float
     """(completions per second, CPU seconds per completion) of one `trainer.train()` of `kind`."""
     from transformers.trainer_callback import PrinterCallback
 
-    from trl_aspo.train import (
+    from trl_aspo.cli.train import (
         BUILTIN_REWARDS,
         BUILTIN_TOOLS,
         build_async_trainer,

@@ -14,7 +14,7 @@ and the first step of every `train()` call is dropped as warm-up. Rows:
 
 With `--vllm colocate` (or `--vllm server --vllm_server_base_url URL`) both trainers generate with vLLM (vLLM's CPU
 build, `make install-vllm`; run with `.venv-vllm/bin/python`): on a CPU the weights reach the engine by
-`trl_aspo.vllm_cpu`'s reload, for `GRPOTrainer` too, since TRL's own NCCL sync needs CUDA. Colocate mode builds one
+`trl_aspo.infra.vllm_cpu`'s reload, for `GRPOTrainer` too, since TRL's own NCCL sync needs CUDA. Colocate mode builds one
 engine per trainer in this process.
 
 Usage: python scripts/bench_step.py [--repeats 8] [--steps 4] [--threads 1] [--profile aspo] [--vllm colocate]
@@ -39,7 +39,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import TINY_CALCULATOR, load_builtin
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
-from trl_aspo.vllm_cpu import cpu_weight_sync
+from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 
 ROWS = {
     "grpo": (GRPOTrainer, GRPOConfig, {}),

@@ -2,7 +2,7 @@
 
     python scripts/build_tiny_calculator.py [--output DIR] [--steps N] [--eval-problems N]
 
-Trains a tiny Qwen2 from scratch with the supervised warm start of `trl_aspo.builtin.warmstart`, saves it (bf16
+Trains a tiny Qwen2 from scratch with the supervised warm start of `warmstart.calculator`, saves it (bf16
 safetensors, a few MB, plus the tokenizer) and prints its held-out tool-use metrics, measured on the saved checkpoint
 exactly as it will be loaded.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 
 import torch
+from warmstart.build import parse_build_args, save_and_report
+from warmstart.calculator import WarmStartConfig, init_number_embeddings, warm_start
 
-from trl_aspo.builtin.build import parse_build_args, save_and_report
 from trl_aspo.builtin.model import CHECKPOINT_DIR, build_random_model
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 from trl_aspo.builtin.tokenizer import build_tokenizer
-from trl_aspo.builtin.warmstart import WarmStartConfig, init_number_embeddings, warm_start
 
 MODEL_SHAPE = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 4, "intermediate_size": 256}
 

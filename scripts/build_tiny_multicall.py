@@ -3,7 +3,7 @@
     python scripts/build_tiny_multicall.py [--output DIR] [--steps N] [--eval-problems N]
 
 Starts from the shipped `builtin:tiny-calculator` weights (same model shape and tokenizer; it already copies numbers
-into a call and into the answer), runs the supervised multi-call warm start of `trl_aspo.builtin.multicall_warmstart`,
+into a call and into the answer), runs the supervised multi-call warm start of `warmstart.multicall`,
 saves the model (bf16 safetensors, a few MB, plus the tokenizer) and prints its held-out tool-use metrics on
 `builtin:multicall`'s test split, measured on the saved checkpoint exactly as it will be loaded.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 
 import torch
+from warmstart.build import parse_build_args, save_and_report
+from warmstart.multicall import MultiCallWarmStartConfig, warm_start_multicall
 
-from trl_aspo.builtin.build import parse_build_args, save_and_report
 from trl_aspo.builtin.model import MULTICALL_CHECKPOINT_DIR, TINY_CALCULATOR, load_builtin
 from trl_aspo.builtin.multicall import calculator, correctness_reward, make_dataset
-from trl_aspo.builtin.multicall_warmstart import MultiCallWarmStartConfig, warm_start_multicall
 
 # Fits four calls with a preamble: the budget `configs/experiments/multicall_*.yaml` train with.
 MAX_COMPLETION_LENGTH = 128

@@ -81,16 +81,16 @@ from trl import GRPOConfig, GRPOTrainer
 
 import trl_aspo
 from trl_aspo import ASPOConfig, ASPOTrainer
-from trl_aspo.losses import (
+from trl_aspo.algorithms.losses import (
     aggregate_loss,
     asymmetric_policy_loss,
     entropy_split_mask,
     repetition_rate,
     unflipped_sample_mask,
 )
-from trl_aspo.single_stream import normalize_advantages, tool_shaping_bias, tracker_rewards
-from trl_aspo.tool_metrics import first_tool_call_positions
-from trl_aspo.tracker import EventValueTracker, kl_adaptive_rho, logprob_drift
+from trl_aspo.algorithms.tool_metrics import first_tool_call_positions
+from trl_aspo.values.single_stream import normalize_advantages, tool_shaping_bias, tracker_rewards
+from trl_aspo.values.tracker import EventValueTracker, kl_adaptive_rho, logprob_drift
 
 GOAL_RATIO = 1.02
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

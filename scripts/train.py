@@ -2,7 +2,7 @@
 
 The same as `trl-aspo train`, for launchers that want a script path."""
 
-from trl_aspo.train import main
+from trl_aspo.cli.train import main
 
 if __name__ == "__main__":
     main()

@@ -28,8 +28,8 @@ def async_fields(tmp_path, **overrides) -> dict:
 def trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_funcs, **worker_options):
     """`trainer_class` on the built-in checkpoint with the calculator tool, generating with a `LocalRolloutWorker`
     (`worker_options`: its seed, jitter, ...) that `LocalWeightTransfer` keeps in sync."""
-    from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
     from trl_aspo.builtin.task import calculator
+    from trl_aspo.infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
 
     install_cpu_fallbacks()
     worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], **worker_options)

@@ -86,7 +86,7 @@ def run(out_dir: str, label: str, overrides: dict) -> None:
     from transformers import TrainerCallback
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.async_infra import install_cpu_fallbacks
+    from trl_aspo.infra import install_cpu_fallbacks
 
     install_cpu_fallbacks()
     tokenizer = calculator_tokenizer()

@@ -6,7 +6,7 @@ import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-from trl_aspo.cli import main
+from trl_aspo.cli.main import main
 
 # file -> (distributed type, what accelerate launch derives from it)
 CONFIGS = {
@@ -23,10 +23,12 @@ def test_accelerate_config_parses(name):
     path = f"configs/accelerate/{name}"
     distributed_type, expected = CONFIGS[name]
     assert load_config_from_file(path).distributed_type == distributed_type
-    args = launch_command_parser().parse_args(["--config_file", path, "-m", "trl_aspo.train", "--config", "x.yaml"])
+    args = launch_command_parser().parse_args(
+        ["--config_file", path, "-m", "trl_aspo.cli.train", "--config", "x.yaml"]
+    )
     args, _, _ = _validate_launch_command(args)
     assert {key: getattr(args, key) for key in expected} == expected
-    assert args.training_script == "trl_aspo.train" and args.module
+    assert args.training_script == "trl_aspo.cli.train" and args.module
     assert args.training_script_args == ["--config", "x.yaml"]
 
 
@@ -39,5 +41,5 @@ def test_trl_aspo_train_forwards_the_accelerate_config(monkeypatch):
     (args,) = launched
     assert args.config_file == "configs/accelerate/multi_node.yaml"
     assert (args.machine_rank, args.main_process_ip) == (1, "10.1.2.3")
-    assert args.module and args.training_script == "trl_aspo.train"
+    assert args.module and args.training_script == "trl_aspo.cli.train"
     assert args.training_script_args == ["--config", "configs/smoke.yaml", "--seed", "4"]

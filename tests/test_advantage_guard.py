@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trl_aspo import ASPOConfig
-from trl_aspo.advantage_checks import NonFiniteAdvantageError, advantage_sources, check_finite_advantages
+from trl_aspo.algorithms.advantage_checks import NonFiniteAdvantageError, advantage_sources, check_finite_advantages
 
 
 def overflowing_penalty(texts, positions, lengths, num_calls, interactive_turns, advantages):

@@ -1,4 +1,4 @@
-"""The logged aspo/* metrics are ratios over the logging window, in both trainers (trl_aspo.aspo_metrics)."""
+"""The logged aspo/* metrics are ratios over the logging window, in both trainers (trl_aspo.algorithms.aspo_metrics)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ from collections import defaultdict
 import pytest
 import torch
 
-from trl_aspo.aspo_metrics import ASPO_TOKEN_STATS, aspo_metric_ratios, aspo_metric_sums, reduce_ratio_metrics
+from trl_aspo.algorithms.aspo_metrics import (
+    ASPO_TOKEN_STATS,
+    aspo_metric_ratios,
+    aspo_metric_sums,
+    reduce_ratio_metrics,
+)
 from trl_aspo.builtin.task import correctness_reward
 
 

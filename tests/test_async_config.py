@@ -9,8 +9,8 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 import trl_aspo
 from trl_aspo import ASPOConfig
-from trl_aspo.async_config import ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
-from trl_aspo.config import ASPOFieldsMixin
+from trl_aspo.config.aspo_config import ASPOFieldsMixin
+from trl_aspo.config.async_config import ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
 
 
 def make(tmp_path, **overrides):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from async_common import MODEL, async_fields, calculator_tokenizer
 
-from trl_aspo.async_infra import (
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.infra import (
     LocalRolloutWorker,
     LocalWeightTransfer,
     install_cpu_fallbacks,
@@ -18,7 +19,6 @@ from trl_aspo.async_infra import (
     sample_completion,
     varlen_attention,
 )
-from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 
 
 @pytest.fixture(scope="module", name="calculator_tokenizer")

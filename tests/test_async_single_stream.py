@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from trl_aspo.async_config import AsyncASPOConfig
-from trl_aspo.prompt_ids import prompt_key
-from trl_aspo.single_stream import StepScorer
+from trl_aspo.config.async_config import AsyncASPOConfig
+from trl_aspo.values.prompt_ids import prompt_key
+from trl_aspo.values.single_stream import StepScorer
 
 # (prompt key, model version, reward, action tokens, group id), per optimizer step, in a canonical order.
 STEPS = [
@@ -264,7 +264,7 @@ def test_identical_completions_of_a_group_are_separate_outcomes_and_forked_rows_
     rollout_id), which a conversation's forked rows share: the two rows of one conversation below count once."""
     from types import SimpleNamespace
 
-    from trl_aspo.async_trainer import _conversation_id
+    from trl_aspo.trainers.async_aspo_trainer import _conversation_id
 
     scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=4))
     # Rollouts r0..r3 of group 0 at version 0; r1 forked into two rows.

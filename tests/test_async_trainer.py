@@ -10,8 +10,8 @@ import pytest
 import torch
 from async_common import MODEL, async_fields, calculator_tokenizer, trainer_with_local_worker
 
-from trl_aspo.async_infra import install_cpu_fallbacks
 from trl_aspo.builtin.task import correctness_reward, make_dataset
+from trl_aspo.infra import install_cpu_fallbacks
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ def test_event_time_advantages_of_out_of_order_stale_samples(tmp_path, tokenizer
 
 def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.checkpoint_state import load_checkpoint_state
+    from trl_aspo.trainers.checkpoint_state import load_checkpoint_state
 
     samples = scripted_samples(tokenizer, [index // 4 for index in range(24)], prompt_rows=[i % 5 for i in range(24)])
 
@@ -305,7 +305,7 @@ def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
 
 
 def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
-    """The async trainer resumes under the same rules as ASPOTrainer (trl_aspo.single_stream): a changed estimator
+    """The async trainer resumes under the same rules as ASPOTrainer (trl_aspo.values.single_stream): a changed estimator
     is refused naming both values unless `value_reset_on_resume`, which starts a fresh tracker on purpose."""
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
@@ -336,9 +336,9 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
 def test_progressive_flip_threshold_decays_over_optimizer_steps(tmp_path, tokenizer, monkeypatch):
     """`aspo_flip_threshold_start` / `aspo_flip_decay_steps` act in the packed loss as in ASPOTrainer: the threshold
     falls linearly from 0.4 at step 0 to 0 at step 2."""
-    import trl_aspo.async_trainer as async_trainer
+    import trl_aspo.trainers.async_aspo_trainer as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.losses import asymmetric_policy_loss
+    from trl_aspo.algorithms.losses import asymmetric_policy_loss
 
     thresholds = []
 
@@ -379,9 +379,9 @@ def test_tool_shaping_correct_reward_must_name_a_scored_function(tmp_path, token
 def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, monkeypatch):
     """Sequence aggregation, the per-completion entropy split and the unflipped share act on the packed batch's
     samples (`segment_id`), checked against a per-sample recomputation from the flat packed targets."""
-    import trl_aspo.async_trainer as async_trainer
+    import trl_aspo.trainers.async_aspo_trainer as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.losses import asymmetric_policy_loss, entropy_split_mask
+    from trl_aspo.algorithms.losses import asymmetric_policy_loss, entropy_split_mask
 
     calls = []
 
@@ -449,7 +449,7 @@ def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, mon
 
 
 def test_zero_variance_std_marks_the_groups_zero_variance_groups_marks():
-    from trl_aspo.filters import zero_variance_from_std, zero_variance_groups
+    from trl_aspo.algorithms.filters import zero_variance_from_std, zero_variance_groups
 
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, float("nan"), float("nan"), 0.5, float("nan")])
     grouped = rewards.view(-1, 2)
@@ -489,7 +489,7 @@ def test_zero_variance_groups_are_dropped_before_they_fill_a_step(tmp_path, toke
 def resuming_async_grpo_trainer():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from trl_aspo.async_infra import LocalWorkerResumeMixin
+    from trl_aspo.infra import LocalWorkerResumeMixin
 
     class ResumingAsyncGRPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         pass
@@ -598,7 +598,7 @@ def test_tool_shaping_extras_and_pattern(tmp_path, tokenizer, pattern):
     import numpy as np
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.tool_metrics import resolve_call_token_ids
+    from trl_aspo.algorithms.tool_metrics import resolve_call_token_ids
 
     samples = scripted_samples(tokenizer, [0] * 16, groups_of=1, prompt_rows=list(range(16)))
     call = resolve_call_token_ids(tokenizer, "<tool_call>")
@@ -635,11 +635,11 @@ def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, token
     """`value_init_samples` in async: before training, each training prompt is rolled out that many times with the
     tools on the starting policy, scored by the summed reward functions, and the tracker's priors are the Jeffreys
     priors of those counts (an independent tracker built from the recorded rollouts must match at the first step)."""
-    import trl_aspo.async_trainer as async_trainer
+    import trl_aspo.trainers.async_aspo_trainer as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.evaluation import evaluate_tool_use
-    from trl_aspo.event_values import AsyncEventValues
-    from trl_aspo.prompt_ids import prompt_key
+    from trl_aspo.evaluation.tool_use import evaluate_tool_use
+    from trl_aspo.values.event_values import AsyncEventValues
+    from trl_aspo.values.prompt_ids import prompt_key
 
     results = []
 
@@ -680,8 +680,8 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
     prompt) and model version. (No sample is stale enough to drop, so both runs train groups 0, 1, 2, ... in order.)
     Also: every row the local worker emits carries its prompt's first dispatch version, the prior's anchor."""
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.checkpoint_state import load_checkpoint_state
-    from trl_aspo.prompt_ids import prompt_key
+    from trl_aspo.trainers.checkpoint_state import load_checkpoint_state
+    from trl_aspo.values.prompt_ids import prompt_key
 
     def run(output, resume_from_checkpoint=None):
         fields = base_fields(

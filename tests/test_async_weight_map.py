@@ -1,6 +1,6 @@
 """Issue 19 item 1, second half: `log_weight_map` in AsyncASPOTrainer. Every trained token enters the map with the
 generator's log-prob as its old one; the weight is the ppo loss's clipped ratio or the aspo loss's, binned as in the
-synchronous trainer (trl_aspo.weight_map, shared through WeightMapMixin)."""
+synchronous trainer (trl_aspo.algorithms.weight_map, shared through WeightMapMixin)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from async_common import async_fields, calculator_tokenizer, trainer_with_local_worker
 
-from trl_aspo.async_config import ASYNC_LOSS_TYPES
-from trl_aspo.weight_map import WEIGHT_MAP_FILE
+from trl_aspo.algorithms.weight_map import WEIGHT_MAP_FILE
+from trl_aspo.config.async_config import ASYNC_LOSS_TYPES
 
 SIGNS = ("positive", "negative")
 
@@ -147,7 +147,7 @@ def test_a_loss_type_the_map_cannot_weigh_is_refused(tmp_path):
 @pytest.mark.slow
 def test_a_run_maps_every_trained_token_and_plot_draws_it(tmp_path, tokenizer, capsys):
     from trl_aspo import AsyncASPOTrainer
-    from trl_aspo.experiments import plot_main
+    from trl_aspo.cli.compare import plot_main
 
     trainer_class = _counting(AsyncASPOTrainer)
     trainer = _trainer(trainer_class, _config(tmp_path, "ppo"), tokenizer)

@@ -12,6 +12,7 @@ from trl.chat_template_utils import (
     parse_response,
     supports_tool_calling,
 )
+from warmstart.calculator import TranscriptEncoder, WarmStartConfig, warm_start
 
 from trl_aspo.builtin import (
     TINY_RANDOM,
@@ -25,8 +26,7 @@ from trl_aspo.builtin import (
 from trl_aspo.builtin.calculator import calculator
 from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.tokenizer import MAX_NUMBER
-from trl_aspo.builtin.warmstart import TranscriptEncoder, WarmStartConfig, warm_start
-from trl_aspo.evaluation import tool_suffix_ids
+from trl_aspo.evaluation.tool_use import tool_suffix_ids
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call><|im_end|>'
 PROMPT = [{"role": "user", "content": "What is 37 * 24?"}]

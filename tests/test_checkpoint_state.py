@@ -14,15 +14,15 @@ import torch
 from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOConfig, ASPOTrainer
-from trl_aspo.checkpoint_state import (
+from trl_aspo.trainers.checkpoint_state import (
     LEGACY_STATE_FILE,
     STATE_JSON,
     STATE_TENSORS,
     load_checkpoint_state,
     save_checkpoint_state,
 )
-from trl_aspo.event_values import AsyncEventValues
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker
+from trl_aspo.values.event_values import AsyncEventValues
+from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 
 def _mark_executed(path):
@@ -314,7 +314,7 @@ def test_resume_with_a_conflicting_setting_is_refused(
 
 @pytest.mark.slow
 def test_resume_applies_a_changed_rho_and_says_so(run_copy, tiny_tokenizer, calculator_dataset, monkeypatch):
-    import trl_aspo.single_stream as single_stream
+    import trl_aspo.values.single_stream as single_stream
 
     warnings = []
     monkeypatch.setattr(single_stream.logger, "warning", warnings.append)
@@ -495,7 +495,7 @@ def test_bad_sampler_counter_is_refused_on_load(tmp_path, field, value):
 
 
 def test_values_command_names_the_file_of_a_bad_tracker(tmp_path, capsys):
-    from trl_aspo.values_cli import main
+    from trl_aspo.cli.values import main
 
     path = _saved_tracker(tmp_path, "spo++", _put("state", "a", 0, -1.0))
     with pytest.raises(SystemExit):

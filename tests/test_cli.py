@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from trl_aspo.cli import split_launch_args
-from trl_aspo.train import make_parser, resolve_callable
+from trl_aspo.cli.main import split_launch_args
+from trl_aspo.cli.train import make_parser, resolve_callable
 
 
 def write_yaml(tmp_path, text):
@@ -91,7 +91,9 @@ def test_launch_flags_are_split_from_script_args():
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"]])
 def test_cli_help(argv):
-    result = subprocess.run([sys.executable, "-m", "trl_aspo.cli", *argv], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "trl_aspo.cli.main", *argv], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "trl-aspo" in result.stdout
     if argv[0] == "train":
@@ -108,7 +110,7 @@ def test_readme_configuration_reference_is_current():
 @pytest.mark.slow
 def test_trl_aspo_train_runs_the_quickstart_config(tmp_path):
     """Two RL steps of the real quickstart configuration through the `trl-aspo` command, with its evaluation."""
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     output_dir = tmp_path / "quickstart"
     overrides = ["--max_steps", "2", "--builtin_test_size", "4", "--eval_samples_per_problem", "1"]

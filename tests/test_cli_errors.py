@@ -19,7 +19,7 @@ RUNNER = textwrap.dedent(
     """
     import atexit, sys
     atexit.register(lambda: sys.stderr.write("\\n@@torch_imported=%s\\n" % ("torch" in sys.modules)))
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
     sys.exit(main(sys.argv[1:]))
     """
 )
@@ -80,7 +80,7 @@ def test_help_of_every_command_answers_without_importing_torch(argv):
 
 
 def test_train_help_lists_trl_aspo_fields_by_method_first_with_complete_choices():
-    from trl_aspo.train import make_parser
+    from trl_aspo.cli.train import make_parser
 
     _, stdout, _, _, _ = run_cli("train", "--help")
     lines = stdout.splitlines()
@@ -108,10 +108,10 @@ def test_train_help_lists_trl_aspo_fields_by_method_first_with_complete_choices(
 
 def test_field_table_is_generated_from_the_dataclasses():
     """train_fields.json (help and checks without torch) is what the dataclasses and the parser say now."""
-    from trl_aspo.cli_config import FIELD_TABLE, build_field_table
+    from trl_aspo.cli.arguments import FIELD_TABLE, build_field_table
 
     assert json.loads(FIELD_TABLE.read_text()) == json.loads(json.dumps(build_field_table(), ensure_ascii=False)), (
-        "run `python -m trl_aspo.cli_config --write`"
+        "run `python -m trl_aspo.cli.arguments --write`"
     )
 
 
@@ -241,8 +241,8 @@ def test_evaluate_with_a_config_measures_what_the_before_after_summary_measures(
 
     import yaml
 
-    from trl_aspo.report import BeforeAfterReport
-    from trl_aspo.train import build_sync_trainer, load_datasets, parse_config, resolve_functions
+    from trl_aspo.cli.train import build_sync_trainer, load_datasets, parse_config, resolve_functions
+    from trl_aspo.evaluation.report import BeforeAfterReport
 
     config = yaml.safe_load((REPO / "configs/quickstart.yaml").read_text())
     config.pop("env")
@@ -281,7 +281,7 @@ def test_max_steps_unset_says_how_many_optimizer_steps_it_trains(tiny_model, tin
     """The start-up line's count is the one transformers then trains (`state.max_steps`)."""
     from trl_aspo import ASPOTrainer
     from trl_aspo.builtin.task import correctness_reward, make_dataset
-    from trl_aspo.train import training_length_message
+    from trl_aspo.cli.train import training_length_message
 
     dataset = make_dataset("train", 32, seed=0)
     args = tiny_config(max_steps=-1, num_train_epochs=0.25, steps_per_generation=2, gradient_accumulation_steps=1)

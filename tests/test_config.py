@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from trl_aspo import ASPOConfig
-from trl_aspo.config import aspo_field_types
+from trl_aspo.config.aspo_config import aspo_field_types
 
 BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
 
@@ -128,7 +128,7 @@ def test_infinite_numbers_are_refused_at_config_time(name):
 
 
 def test_wrong_yaml_types_are_refused_by_the_parser(tmp_path):
-    from trl_aspo.train import make_parser
+    from trl_aspo.cli.train import make_parser
 
     config = tmp_path / "run.yaml"
     config.write_text("output_dir: out\nadvantage_estimator: spo\nnum_generations: 1\nvalue_reward_range: 5\n")

@@ -1,6 +1,6 @@
 """Issue 17 items 5 and 10: every option that acts only with another switch is refused (or warned about) naming both
-fields, from one table (trl_aspo.config.FIELD_DEPENDENCIES and each config's own); every numeric field has a range
-(trl_aspo.config.FIELD_BOUNDS) given in the message."""
+fields, from one table (trl_aspo.config.aspo_config.FIELD_DEPENDENCIES and each config's own); every numeric field has a range
+(trl_aspo.config.aspo_config.FIELD_BOUNDS) given in the message."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import warnings
 import pytest
 
 from trl_aspo import ASPOConfig
-from trl_aspo.async_config import ASYNC_INDEPENDENT_FIELDS, ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
-from trl_aspo.config import FIELD_BOUNDS, INDEPENDENT_FIELDS, ASPOFieldsMixin, aspo_field_types
+from trl_aspo.config.aspo_config import FIELD_BOUNDS, INDEPENDENT_FIELDS, ASPOFieldsMixin, aspo_field_types
+from trl_aspo.config.async_config import ASYNC_INDEPENDENT_FIELDS, ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
 
 SYNC_BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
 ASYNC_BASE = dict(output_dir="unused", use_cpu=True, token_budget=0, report_to="none")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from trl_aspo.progress import format_value
+from trl_aspo.cli.progress import format_value
 
 METRICS_DICT = re.compile(r"\{'[^']+': ")
 
@@ -19,7 +19,7 @@ METRICS_DICT = re.compile(r"\{'[^']+': ")
 def run_cli(argv: list[str]) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(
-        [sys.executable, "-m", "trl_aspo.cli", *argv], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "trl_aspo.cli.main", *argv], capture_output=True, text=True, env=env, timeout=600
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

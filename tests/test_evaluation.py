@@ -11,7 +11,7 @@ from trl_aspo.builtin import TINY_CALCULATOR, TINY_RANDOM, load_builtin
 from trl_aspo.builtin.calculator import calculator
 from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.task import correctness_reward, make_dataset
-from trl_aspo.evaluation import evaluate_tool_use, tool_suffix_ids
+from trl_aspo.evaluation.tool_use import evaluate_tool_use, tool_suffix_ids
 
 SUMMARY_KEYS = {
     "accuracy",

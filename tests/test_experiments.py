@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from trl_aspo.experiments import load_experiment, mean_sd, tail_mean
-from trl_aspo.plotting import mean_and_spread
+from trl_aspo.cli.compare import load_experiment, mean_sd, tail_mean
+from trl_aspo.cli.plot import mean_and_spread
 
 BASE = """
 base:
@@ -40,7 +40,7 @@ def write_experiment(tmp_path, body: str, base: str = BASE) -> str:
 
 
 def test_compare_runs_variants_over_seeds_and_resumes(tmp_path, capsys):
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     output = tmp_path / "cmp"
     config = write_experiment(
@@ -91,7 +91,7 @@ def test_compare_runs_variants_over_seeds_and_resumes(tmp_path, capsys):
 
 
 def test_compare_refuses_a_finished_run_made_with_another_config(tmp_path):
-    from trl_aspo.experiments import compare
+    from trl_aspo.cli.compare import compare
 
     output = tmp_path / "cmp"
     body = f"""
@@ -149,8 +149,8 @@ def test_plot_reads_a_plain_trl_grpo_run(tmp_path, tiny_model, tiny_tokenizer, c
     from trl import GRPOConfig, GRPOTrainer
 
     from tests.dense_reward import digit_share_reward
-    from trl_aspo.cli import main
-    from trl_aspo.experiments import load_run
+    from trl_aspo.cli.compare import load_run
+    from trl_aspo.cli.main import main
 
     run_dir = tmp_path / "grpo"
     args = GRPOConfig(
@@ -193,8 +193,8 @@ def test_plot_never_unpickles_training_args_of_a_run_folder(tmp_path):
     `weights_only=False`; now the batch size comes from `trainer_state.json` and the pickle is never opened."""
     import torch
 
-    from trl_aspo.cli import main
-    from trl_aspo.experiments import load_run
+    from trl_aspo.cli.compare import load_run
+    from trl_aspo.cli.main import main
 
     run_dir = tmp_path / "handed_over"
     checkpoint = run_dir / "checkpoint-3"
@@ -212,7 +212,7 @@ def test_plot_never_unpickles_training_args_of_a_run_folder(tmp_path):
 
 
 def test_plot_names_a_bad_batch_size(tmp_path):
-    from trl_aspo.experiments import load_run
+    from trl_aspo.cli.compare import load_run
 
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [], "train_batch_size": "six"}))
     with pytest.raises(ValueError, match=r"trainer_state.json: train_batch_size must be a positive integer"):
@@ -222,7 +222,7 @@ def test_plot_names_a_bad_batch_size(tmp_path):
 
 
 def test_plot_names_a_folder_without_a_log(tmp_path):
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path)])
@@ -241,7 +241,7 @@ def test_mean_and_spread_by_hand():
 def test_heldout_during_training_and_train_seconds_leave_training_unchanged(tmp_path):
     """`evaluation.every_steps` logs held-out rows at those steps (not the last, evaluated after training), every
     log row gets `train_seconds`, and training is the same as without the evaluations (they fork the RNG)."""
-    from trl_aspo.experiments import compare
+    from trl_aspo.cli.compare import compare
 
     body = """
         output_dir: {output}
@@ -279,7 +279,7 @@ def test_completions_per_step_is_not_rounded():
     """8 completions per optimizer step over 3 iterations: 8/3 generated per step (the x axis of the figure)."""
     from types import SimpleNamespace
 
-    from trl_aspo.experiments import completions_per_step
+    from trl_aspo.cli.compare import completions_per_step
 
     sync = SimpleNamespace(per_device_train_batch_size=8, gradient_accumulation_steps=1, num_iterations=3)
     assert completions_per_step(sync) == pytest.approx(8 / 3)
@@ -290,7 +290,7 @@ def test_completions_per_step_is_not_rounded():
 
 def test_pool_weight_maps_adds_the_runs_cell_by_cell():
     """Seeds of one variant under one label: weight sums and counts add, so a cell's mean is over all their tokens."""
-    from trl_aspo.experiments import pool_weight_maps
+    from trl_aspo.cli.compare import pool_weight_maps
 
     def state(weight, count, loss_type="aspo"):
         grid = {"weight_sum": [[weight, 0.0], [0.0, 0.0]], "count": [[count, 0], [0, 1]]}
@@ -304,7 +304,7 @@ def test_pool_weight_maps_adds_the_runs_cell_by_cell():
 
 
 def test_plot_weights_pools_runs_with_one_label(tmp_path):
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     grid = {"weight_sum": [[2.0, 0.0], [0.0, 1.0]], "count": [[2, 0], [0, 1]]}
     state = {"format": 1, "loss_type": "aspo", "bins": 2, "total": {"positive": grid, "negative": grid}, "windows": []}
@@ -322,7 +322,7 @@ def test_plot_weights_pools_runs_with_one_label(tmp_path):
 def test_a_number_yaml_reads_as_a_string_gets_its_field_type(tmp_path):
     """YAML 1.1 reads `1e-3` (no dot) as a string; `trl-aspo train` converts it, and so must compare (it reached
     torch's optimizer as a string before)."""
-    from trl_aspo.experiments import apply_command_line, parse_run_config
+    from trl_aspo.cli.compare import apply_command_line, parse_run_config
 
     body = """
         output_dir: o

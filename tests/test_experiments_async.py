@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_aspo.experiments import compare, load_experiment, parse_run_config
+from trl_aspo.cli.compare import compare, load_experiment, parse_run_config
 
 ASYNC_BASE = """
 base:

@@ -10,13 +10,17 @@ import sys
 import pytest
 from test_experiments import BASE, write_experiment
 
-from trl_aspo.experiments import apply_command_line, load_experiment, parse_override
+from trl_aspo.cli.compare import apply_command_line, load_experiment, parse_override
 
 
 def compare_cli(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run(
-        [sys.executable, "-m", "trl_aspo.cli", "compare", *argv], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-m", "trl_aspo.cli.main", "compare", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
 
 
@@ -93,7 +97,7 @@ def test_overrides_are_read_as_yaml_and_kept_in_file_order(tmp_path):
 
 
 def test_ctrl_c_during_a_comparison_says_how_to_continue(tmp_path, monkeypatch, capsys):
-    from trl_aspo import experiments
+    from trl_aspo.cli import compare as experiments
 
     config, _ = two_by_two(tmp_path)
 

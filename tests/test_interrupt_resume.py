@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from trl_aspo.resume import interrupt_message, resolve_resume_checkpoint, resume_command
+from trl_aspo.trainers.resume import interrupt_message, resolve_resume_checkpoint, resume_command
 
-CLI = [sys.executable, "-m", "trl_aspo.cli"]
+CLI = [sys.executable, "-m", "trl_aspo.cli.main"]
 
 
 def quickstart_argv(output_dir, max_steps: int) -> list[str]:

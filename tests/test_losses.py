@@ -1,11 +1,11 @@
-"""Tests for trl_aspo.losses: every expected number is computed independently of the fused implementation."""
+"""Tests for trl_aspo.algorithms.losses: every expected number is computed independently of the fused implementation."""
 
 import math
 
 import pytest
 import torch
 
-from trl_aspo.losses import (
+from trl_aspo.algorithms.losses import (
     aggregate_loss,
     asymmetric_policy_loss,
     entropy_split_mask,

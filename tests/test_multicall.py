@@ -10,6 +10,8 @@ import re
 
 import pytest
 from tiny_fields import tiny_run_fields
+from warmstart.calculator import TranscriptEncoder
+from warmstart.multicall import MultiCallWarmStartConfig, sample_multicall_transcript
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import MULTICALL_CHECKPOINT_DIR, TINY_MULTICALL, build_tokenizer, load_builtin
@@ -25,10 +27,8 @@ from trl_aspo.builtin.multicall import (
     solution_calls,
     split_of,
 )
-from trl_aspo.builtin.multicall_warmstart import MultiCallWarmStartConfig, sample_multicall_transcript
 from trl_aspo.builtin.tokenizer import MAX_NUMBER
-from trl_aspo.builtin.warmstart import TranscriptEncoder
-from trl_aspo.evaluation import evaluate_tool_use, tool_suffix_ids
+from trl_aspo.evaluation.tool_use import evaluate_tool_use, tool_suffix_ids
 
 needs_checkpoint = pytest.mark.skipif(
     not (MULTICALL_CHECKPOINT_DIR / "model.safetensors").is_file(),
@@ -284,9 +284,9 @@ def test_shipped_model_trains_and_makes_several_calls(tmp_path):
 def test_builtin_names_resolve_to_the_multicall_task():
     from types import SimpleNamespace
 
-    from trl_aspo.async_infra import resolve_model_path
     from trl_aspo.builtin import multicall
-    from trl_aspo.train import load_datasets, resolve_functions
+    from trl_aspo.cli.train import load_datasets, resolve_functions
+    from trl_aspo.infra import resolve_model_path
 
     script_args = SimpleNamespace(
         dataset_name="builtin:multicall",
@@ -307,7 +307,7 @@ def test_builtin_names_resolve_to_the_multicall_task():
 @pytest.mark.slow
 @needs_checkpoint
 def test_evaluate_command_defaults_to_the_multicall_task_for_its_model(tmp_path):
-    from trl_aspo.cli import main as cli_main
+    from trl_aspo.cli.main import main as cli_main
 
     output = tmp_path / "eval.json"
     argv = ["evaluate", "--model", TINY_MULTICALL, "--limit", "4", "--records", "--output", str(output)]

@@ -20,8 +20,8 @@ from transformers import (
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_model_config, build_random_model
 from trl_aspo.builtin.task import make_dataset
-from trl_aspo.checkpoint_state import load_checkpoint_state
-from trl_aspo.multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
+from trl_aspo.trainers.checkpoint_state import load_checkpoint_state
+from trl_aspo.trainers.multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
 
 # The builtin tokenizer's Qwen2.5 template renders string contents only; this one also renders typed image parts.
 _IMAGE_CHAT_TEMPLATE = (

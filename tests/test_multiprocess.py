@@ -113,7 +113,7 @@ def _reference_gradients(aggregation: str) -> dict[str, torch.Tensor]:
     from async_multiprocess_worker import step_samples
     from transformers import AutoModelForCausalLM
 
-    from trl_aspo.losses import asymmetric_policy_loss
+    from trl_aspo.algorithms.losses import asymmetric_policy_loss
 
     model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)  # as the trainer loads it
     model.train()

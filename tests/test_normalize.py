@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_aspo.normalize import batch_normalize, token_measure_normalize
+from trl_aspo.algorithms.normalize import batch_normalize, token_measure_normalize
 
 
 def test_batch_normalize_hand_numbers():

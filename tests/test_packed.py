@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_aspo.packed import SegmentRows
+from trl_aspo.algorithms.packed import SegmentRows
 
 
 def test_layout_by_hand():
@@ -33,7 +33,7 @@ def test_bad_layouts_are_refused(segment_id):
 
 
 def test_loss_units_count_targets_and_samples_with_targets():
-    from trl_aspo.packed import packed_loss_units
+    from trl_aspo.algorithms.packed import packed_loss_units
 
     # Sample 1 has no target (only tool output or prompt): it is no completion of the loss.
     assert packed_loss_units(torch.tensor([0, 0, 0, 2, 2])).tolist() == [5.0, 2.0]

@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from trl_aspo import plotting  # noqa: E402
-from trl_aspo.experiments import results_table  # noqa: E402
+from trl_aspo.cli import plot as plotting  # noqa: E402
+from trl_aspo.cli.compare import results_table  # noqa: E402
 
 
 def history(steps: int, reward_slope: float = 0.1) -> list[dict]:
@@ -101,7 +101,7 @@ def test_results_md_shows_heldout_fractions_as_percentages():
 
 
 def test_step_seconds_interpolates_between_logged_rows_by_hand():
-    from trl_aspo.plotting import step_seconds
+    from trl_aspo.cli.plot import step_seconds
 
     history = [
         {"step": 2, "train_seconds": 4.0},
@@ -114,7 +114,7 @@ def test_step_seconds_interpolates_between_logged_rows_by_hand():
 
 def test_heldout_panel_draws_the_points_logged_during_training():
     """Before (x 0), during (`heldout/accuracy` rows) and after training: mean and sd over the runs at each point."""
-    from trl_aspo.plotting import _plot_heldout
+    from trl_aspo.cli.plot import _plot_heldout
 
     class Axis:
         def errorbar(self, xs, means, yerr, **kwargs):
@@ -137,7 +137,7 @@ def test_heldout_panel_draws_the_points_logged_during_training():
 
 
 def test_comparison_against_seconds_needs_train_seconds(tmp_path):
-    from trl_aspo.plotting import plot_comparison
+    from trl_aspo.cli.plot import plot_comparison
 
     runs = {"a": [{"history": [{"step": 1, "reward": 0.5}], "completions_per_step": 4, "heldout": {}}]}
     with pytest.raises(ValueError, match="x_axis='seconds' needs train_seconds"):

@@ -15,9 +15,9 @@ import torch
 from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
-from trl_aspo.prompt_ids import prompt_key
-from trl_aspo.sampler import PrioritizedRepeatSampler
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker
+from trl_aspo.values.prompt_ids import prompt_key
+from trl_aspo.values.sampler import PrioritizedRepeatSampler
+from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 
 class DrawLog:

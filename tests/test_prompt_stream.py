@@ -1,4 +1,4 @@
-"""Prioritized sampling on the asynchronous worker's prompt stream (trl_aspo.prompt_stream): the draw, its shared
+"""Prioritized sampling on the asynchronous worker's prompt stream (trl_aspo.infra.prompt_stream): the draw, its shared
 weights across a spawned process, attaching it to workers, and AsyncASPOTrainer runs on the local worker and on TRL's
 own worker process."""
 
@@ -14,10 +14,9 @@ import pytest
 import torch
 from async_common import MODEL, async_fields, calculator_tokenizer, trainer_with_local_worker
 
-from trl_aspo.async_infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
 from trl_aspo.builtin.task import correctness_reward, make_dataset
-from trl_aspo.prompt_ids import prompt_key
-from trl_aspo.prompt_stream import (
+from trl_aspo.infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+from trl_aspo.infra.prompt_stream import (
     PrioritizedLocalRolloutLoop,
     PrioritizedPromptLoop,
     PromptDispatches,
@@ -27,6 +26,7 @@ from trl_aspo.prompt_stream import (
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
+from trl_aspo.values.prompt_ids import prompt_key
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ def test_attach_swaps_the_loop_of_the_local_worker_and_refuses_others(tmp_path, 
     assert [next(stream) for _ in range(6)] == expected
     loop._sampler.shutdown()
 
-    from trl_aspo.async_infra.local_worker import _LocalRolloutLoop
+    from trl_aspo.infra.local_worker import _LocalRolloutLoop
 
     class OtherLoop(_LocalRolloutLoop):
         pass
@@ -202,7 +202,7 @@ def test_trainer_starts_the_weights_from_the_tracker_and_warns_on_unknown_prompt
     # is 1e-12 to within float64's 1e-16, so sqrt(v (1 - v)) to within ~1e-10 absolute.)
     expected = torch.tensor([2e-6, 0.5 + 1e-6] * 4, dtype=torch.float64)
     torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
-    with caplog.at_level("WARNING", logger="trl_aspo.async_trainer"):
+    with caplog.at_level("WARNING", logger="trl_aspo.trainers.async_aspo_trainer"):
         trainer._refresh_priorities(["not-a-dataset-prompt", trainer._dataset_keys[1]])
     assert "1 scored prompt(s) match no train_dataset prompt" in caplog.text
     torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
@@ -269,7 +269,7 @@ def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenize
     import copy
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.sampler import priority_weights
+    from trl_aspo.values.sampler import priority_weights
 
     install_cpu_fallbacks()
     dataset = make_dataset("train", 32, seed=0)

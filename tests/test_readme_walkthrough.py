@@ -70,7 +70,7 @@ def command_lines(code: str) -> list[list[str]]:
 
 
 def small_command(words: list[str], workspace: Path) -> list[str] | None:
-    """The README command `words` at its smallest, as argv of `python -m trl_aspo.cli`; None = not run (why below)."""
+    """The README command `words` at its smallest, as argv of `python -m trl_aspo.cli.main`; None = not run (why below)."""
     if words == ["make", "test"]:
         return None  # the test suite, of which this test is a part
     if words == ["make", "test-vllm"]:
@@ -131,7 +131,7 @@ def test_every_command_of_the_readme_first_sections_runs(tmp_path):
                 argv = small_command(words, tmp_path)
                 if argv is None:
                     continue
-                result = run_in(tmp_path, [sys.executable, "-m", "trl_aspo.cli", *argv])
+                result = run_in(tmp_path, [sys.executable, "-m", "trl_aspo.cli.main", *argv])
                 assert result.returncode == 0, f"{shlex.join(words)} -> {argv}:\n{result.stderr[-3000:]}"
                 ran.append(shlex.join(words))
             continue

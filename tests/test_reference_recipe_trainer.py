@@ -98,7 +98,7 @@ def test_zero_variance_filter_and_overlong_penalty(tiny_tokenizer, calculator_da
 
 
 def test_zero_variance_groups_hand_numbers():
-    from trl_aspo.filters import zero_variance_groups
+    from trl_aspo.algorithms.filters import zero_variance_groups
 
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.5, 0.5, float("nan"), 0.5, float("nan"), float("nan")])
     # groups of 2: [1, 1] equal, [0, 0] equal, [0.5, 0.5] equal, [nan, 0.5] (one scorable) equal, [nan, nan] equal
@@ -149,8 +149,8 @@ def test_interactive_turns_ignore_whitespace_in_training_as_in_evaluation(
     tool statistics exactly as in evaluation's per-turn rule (the parsed turn's content)."""
     from trl.chat_template_utils import parse_response
 
+    from trl_aspo.algorithms.tool_metrics import is_model_text
     from trl_aspo.builtin.task import calculator
-    from trl_aspo.tool_metrics import is_model_text
 
     trainer = ASPOTrainer(
         tiny_model,
@@ -194,9 +194,9 @@ def test_correct_means_reward_at_least_threshold_in_shaping_and_evaluation(
     tiny_tokenizer, tiny_model, calculator_dataset, tiny_config
 ):
     """Item 8: a reward equal to the threshold is correct for tool shaping as for `trl-aspo evaluate`."""
+    from trl_aspo.algorithms.shaping import is_correct, tool_position_bias
     from trl_aspo.builtin.task import calculator, make_dataset
-    from trl_aspo.evaluation import evaluate_tool_use
-    from trl_aspo.shaping import is_correct, tool_position_bias
+    from trl_aspo.evaluation.tool_use import evaluate_tool_use
 
     assert is_correct(torch.tensor([0.4, 0.5, 0.6, float("nan")]), 0.5).tolist() == [False, True, True, False]
 
@@ -288,7 +288,7 @@ def test_values_export_round_trips_as_value_init_file(
     and visits; a new run given the file as `value_init_file` starts every prompt at exactly those pseudo-counts."""
     import json
 
-    from trl_aspo.cli import main as cli_main
+    from trl_aspo.cli.main import main as cli_main
 
     dataset = calculator_dataset.select(range(8))
     config = tiny_config(
@@ -331,7 +331,7 @@ def test_values_export_round_trips_as_value_init_file(
 
 
 def test_values_export_refuses_a_group_checkpoint_and_a_missing_one(tmp_path):
-    from trl_aspo.values_cli import load_value_state, value_records
+    from trl_aspo.cli.values import load_value_state, value_records
 
     with pytest.raises(ValueError, match="no value tracker"):
         value_records({"value_event": 3, "aspo_kl_coef": 0.0})
@@ -342,7 +342,7 @@ def test_values_export_refuses_a_group_checkpoint_and_a_missing_one(tmp_path):
 def test_value_init_jsonl_with_pseudo_counts(tmp_path):
     import json
 
-    from trl_aspo.value_init import read_init_records
+    from trl_aspo.values.value_init import read_init_records
 
     path = tmp_path / "init.jsonl"
     lines = [
@@ -356,7 +356,7 @@ def test_value_init_jsonl_with_pseudo_counts(tmp_path):
     path.write_text(json.dumps({"prompt_id": "a", "alpha": "2", "beta": 1}))
     with pytest.raises(ValueError, match="needs numeric 'alpha' and 'beta'"):
         read_init_records(str(path), None)
-    from trl_aspo.tracker import EventValueTracker, VisitValueTracker
+    from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
     for tracker in (EventValueTracker(), VisitValueTracker()):
         with pytest.raises(ValueError, match="'a'.*finite, >= 0 and not both 0"):

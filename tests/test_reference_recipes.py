@@ -11,10 +11,10 @@ import torch
 from transformers import get_scheduler
 
 from trl_aspo import ASPOTrainer
+from trl_aspo.algorithms.kl import k3_kl
+from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
 from trl_aspo.builtin import build_random_model
-from trl_aspo.kl import k3_kl
-from trl_aspo.lr_schedule import per_generation_lr_lambda
-from trl_aspo.train import make_parser
+from trl_aspo.cli.train import make_parser
 
 RECIPES = ["configs/archer2_math.yaml", "configs/archer2_code.yaml"]
 
@@ -121,7 +121,7 @@ def test_trainer_kl_term_is_the_clamped_k3(
     second step's policy has moved from the reference, so a 1e-9 clamp binds."""
     from dense_reward import digit_share_reward
 
-    import trl_aspo.trainer as trainer_module
+    import trl_aspo.trainers.aspo_trainer as trainer_module
 
     calls = []
 

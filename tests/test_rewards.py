@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trl_aspo import rewards
-from trl_aspo.rewards import code_unit_test_reward
-from trl_aspo.train import make_parser
+from trl_aspo.cli.train import make_parser
+from trl_aspo.evaluation import rewards
+from trl_aspo.evaluation.rewards import code_unit_test_reward
 
 
 def test_code_unit_test_reward():
@@ -81,7 +81,7 @@ def test_code_unit_test_reward_discards_program_output():
 def test_summed_rewards_adds_functions_like_the_async_worker():
     import math
 
-    from trl_aspo.rewards import summed_rewards
+    from trl_aspo.evaluation.rewards import summed_rewards
 
     def first(completions, **kwargs):
         return [1.0, None, None, 0.5]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_aspo.shaping import (
+from trl_aspo.algorithms.shaping import (
     CallablePenalty,
     InteractiveTurnBonus,
     shaping_stats,

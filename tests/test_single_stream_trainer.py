@@ -16,11 +16,11 @@ import torch
 from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
-from trl_aspo.checkpoint_state import load_checkpoint_state
-from trl_aspo.prompt_ids import prompt_key
-from trl_aspo.sampler import PrioritizedRepeatSampler
-from trl_aspo.tracker import EventValueTracker, VisitValueTracker
-from trl_aspo.value_init import prepass_plan
+from trl_aspo.trainers.checkpoint_state import load_checkpoint_state
+from trl_aspo.values.prompt_ids import prompt_key
+from trl_aspo.values.sampler import PrioritizedRepeatSampler
+from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
+from trl_aspo.values.value_init import prepass_plan
 
 RHO = 0.875
 PRIOR = 0.5

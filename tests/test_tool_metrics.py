@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from trl_aspo.tool_metrics import (
+from trl_aspo.algorithms.tool_metrics import (
     _token_char_ends,
     first_tool_call_positions,
     regex_tool_call_positions,

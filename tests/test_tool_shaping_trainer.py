@@ -15,14 +15,14 @@ import pytest
 import torch
 from tiny_fields import tiny_run_fields
 
-import trl_aspo.single_stream as single_stream
+import trl_aspo.values.single_stream as single_stream
 from trl_aspo import ASPOConfig, ASPOTrainer
+from trl_aspo.algorithms.shaping import tool_position_bias
+from trl_aspo.algorithms.tool_metrics import first_tool_call_positions, regex_tool_call_positions
 from trl_aspo.builtin import TINY_CALCULATOR, build_random_model, load_builtin
 from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.task import calculator, correctness_reward
-from trl_aspo.cli import main as cli_main
-from trl_aspo.shaping import tool_position_bias
-from trl_aspo.tool_metrics import first_tool_call_positions, regex_tool_call_positions
+from trl_aspo.cli.main import main as cli_main
 
 OPENER = "<tool_call>"
 needs_checkpoint = pytest.mark.skipif(

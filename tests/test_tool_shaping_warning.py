@@ -39,7 +39,7 @@ def _async_trainer(tmp_path, **kwargs):
     from test_async_trainer import NoWeightTransfer, ScriptedWorker
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.async_infra import install_cpu_fallbacks
+    from trl_aspo.infra import install_cpu_fallbacks
 
     install_cpu_fallbacks()
     fields = async_fields(tmp_path, per_device_train_batch_size=4, num_generations=2, tool_shaping=True)

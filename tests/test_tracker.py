@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from trl_aspo.prompt_ids import prompt_key, prompt_keys
-from trl_aspo.tracker import (
+from trl_aspo.values.prompt_ids import prompt_key, prompt_keys
+from trl_aspo.values.tracker import (
     EventValueTracker,
     VisitValueTracker,
     default_prior_strength,
@@ -129,7 +129,7 @@ def test_event_prior_anchored_at_first_dispatch():
     assert (alpha.item(), beta.item()) == pytest.approx((1.3125, 0.4375), abs=1e-12)
     assert t.value(["new"], event=41).item() == pytest.approx(0.75, abs=1e-12)
     # Its priority weight sqrt(v(1-v)) + 0.05 = sqrt(0.1875) + 0.05 = 0.48301, far from the floor 0.05 + 0.047.
-    from trl_aspo.sampler import priority_weights
+    from trl_aspo.values.sampler import priority_weights
 
     assert priority_weights(t.value(["new"], event=41), 0.05).item() == pytest.approx(0.1875**0.5 + 0.05, abs=1e-9)
     # Entering again later leaves the anchored prior alone; an initialized prior keeps its own event.

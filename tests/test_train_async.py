@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_aspo.train import build_async_trainer, parse_command_line, parse_config
+from trl_aspo.cli.train import build_async_trainer, parse_command_line, parse_config
 
 ASYNC_YAML = """
 trainer: async
@@ -39,7 +39,7 @@ def write_yaml(tmp_path, text: str) -> str:
 
 def test_async_yaml_parses_into_async_config_with_command_line_overrides(tmp_path):
     from trl_aspo import AsyncASPOConfig
-    from trl_aspo.train import AsyncModelArguments
+    from trl_aspo.cli.train import AsyncModelArguments
 
     path = write_yaml(tmp_path, ASYNC_YAML)
     script, training, model, _ = parse_command_line(
@@ -140,7 +140,7 @@ def test_local_worker_refuses_several_processes_and_jitter_needs_it():
 def test_launching_several_processes_with_the_local_worker_is_refused_before_launch(tmp_path, monkeypatch):
     import accelerate.commands.launch
 
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     def no_launch(*args, **kwargs):
         raise AssertionError("accelerate launch must not start")
@@ -156,7 +156,7 @@ def test_generation_attention_swaps_packed_tree_attention_for_sdpa_and_back():
     from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
 
     from trl_aspo.builtin import CHECKPOINT_DIR
-    from trl_aspo.report import PACKED_TREE_ATTENTION, generation_attention
+    from trl_aspo.evaluation.report import PACKED_TREE_ATTENTION, generation_attention
 
     assert PACKED_TREE_ATTENTION == TREE_ATTENTION
     register_tree_attention()
@@ -175,7 +175,7 @@ def test_generation_attention_swaps_packed_tree_attention_for_sdpa_and_back():
 def test_trl_aspo_train_runs_the_quickstart_async_config(tmp_path):
     """Two steps of configs/quickstart_async.yaml through `trl-aspo train` (local worker, jitter, evaluation)."""
     from trl_aspo import AsyncASPOConfig
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     output_dir = tmp_path / "quickstart_async"
     overrides = ["--max_steps", "2", "--builtin_test_size", "4", "--eval_samples_per_problem", "1"]
@@ -193,7 +193,7 @@ def test_trl_aspo_train_runs_the_quickstart_async_config(tmp_path):
 
 
 def test_trl_aspo_evaluate_reads_an_async_config(tmp_path):
-    from trl_aspo.cli import main
+    from trl_aspo.cli.main import main
 
     output = tmp_path / "evaluation.json"
     argv = ["evaluate", "--model", "builtin:tiny-calculator", "--config", "configs/quickstart_async.yaml"]

@@ -12,7 +12,7 @@ from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
-from trl_aspo.prompt_ids import prompt_key, prompt_keys
+from trl_aspo.values.prompt_ids import prompt_key, prompt_keys
 
 
 def _trainer(tiny_tokenizer, dataset, tmp_path, **overrides) -> ASPOTrainer:
@@ -101,7 +101,7 @@ def test_training_with_missing_prompt_ids_is_refused(tiny_tokenizer, chat_datase
 
 
 def _capture_warnings(monkeypatch) -> list[str]:
-    import trl_aspo.single_stream as single_stream
+    import trl_aspo.values.single_stream as single_stream
 
     lines: list[str] = []
     monkeypatch.setattr(single_stream.logger, "warning", lines.append)

@@ -1,7 +1,7 @@
 """TRL's vLLM importance-sampling correction composed with the asymmetric loss, on hand numbers.
 
 Per token, the gradient of the loss w.r.t. log pi_theta is `-A * c * w`: `w = w_aspo(pi_theta / pi_old)` the
-asymmetric weight of `trl_aspo.losses` with the trainer's recomputation `pi_old` as the old policy, and
+asymmetric weight of `trl_aspo.algorithms.losses` with the trainer's recomputation `pi_old` as the old policy, and
 `c = min(pi_old / pi_vllm, C_max)` (mode `token_truncate`) TRL's gradient-free correction, which multiplies the
 per-token loss (README, "vLLM generation")."""
 
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from trl_aspo.losses import asymmetric_policy_loss
+from trl_aspo.algorithms.losses import asymmetric_policy_loss
 
 
 def test_composed_per_token_weight_on_hand_numbers():

@@ -1,4 +1,4 @@
-"""trl_aspo.vllm_cpu without an engine: tied names written out and the scoped class swap in GRPOTrainer's module.
+"""trl_aspo.infra.vllm_cpu without an engine: tied names written out and the scoped class swap in GRPOTrainer's module.
 The engine itself is exercised in tests/vllm_tier."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trl_aspo.vllm_cpu import cpu_weight_sync, on_cpu, tied_parameter_aliases, with_tied_aliases
+from trl_aspo.infra.vllm_cpu import cpu_weight_sync, on_cpu, tied_parameter_aliases, with_tied_aliases
 
 
 def test_tied_output_layer_is_named_and_written_as_its_own_tensor(tiny_model):
@@ -54,7 +54,7 @@ def test_served_dtype_asks_the_server_once():
     """The dev-endpoint check and the dtype warning both read the dtype; the server is asked once (its dtype is fixed
     at start). The session is replaced by a recorder: this checks the request count, the tier checks the real
     server's answer."""
-    from trl_aspo.vllm_cpu import VLLMServerReload
+    from trl_aspo.infra.vllm_cpu import VLLMServerReload
 
     class Response:
         status_code, content = 200, b"{}"

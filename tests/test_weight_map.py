@@ -1,4 +1,4 @@
-"""Issue 19 item 1: the ASPO weight map (trl_aspo.weight_map): binned sums of each token's gradient weight by (old,
+"""Issue 19 item 1: the ASPO weight map (trl_aspo.algorithms.weight_map): binned sums of each token's gradient weight by (old,
 current) probability, the weight of TRL's clipped ratio and of the aspo loss, the trainer's weight_map.json and
 `trl-aspo plot --weights`."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 from dense_reward import digit_share_reward
 
-from trl_aspo.losses import asymmetric_policy_loss
-from trl_aspo.weight_map import (
+from trl_aspo.algorithms.losses import asymmetric_policy_loss
+from trl_aspo.algorithms.weight_map import (
     WEIGHT_MAP_FILE,
     WeightMapLog,
     WeightMapMixin,
@@ -195,8 +195,8 @@ def test_an_off_policy_run_writes_the_map_of_every_trained_token(
 
 
 def test_plot_weights_draws_the_runs_side_by_side(tmp_path, capsys):
-    from trl_aspo.experiments import WEIGHT_MAP_FILE as PLOT_FILE
-    from trl_aspo.experiments import plot_main
+    from trl_aspo.cli.compare import WEIGHT_MAP_FILE as PLOT_FILE
+    from trl_aspo.cli.compare import plot_main
 
     assert PLOT_FILE == WEIGHT_MAP_FILE
     for loss_type in ("dapo", "aspo"):
@@ -212,7 +212,7 @@ def test_plot_weights_draws_the_runs_side_by_side(tmp_path, capsys):
 
 
 def test_plot_weights_names_a_run_without_a_map(tmp_path, capsys):
-    from trl_aspo.experiments import plot_main
+    from trl_aspo.cli.compare import plot_main
 
     with pytest.raises(SystemExit):
         plot_main([str(tmp_path), "--weights"])
@@ -257,7 +257,7 @@ def test_a_resumed_run_continues_the_checkpoints_map(tiny_tokenizer, calculator_
 
 
 def test_plot_weights_refuses_a_map_without_tokens(tmp_path, capsys):
-    from trl_aspo.experiments import plot_main
+    from trl_aspo.cli.compare import plot_main
 
     WeightMapLog("dapo").write(str(tmp_path))  # what an on-policy run writes: no window was added
     with pytest.raises(SystemExit):

@@ -26,7 +26,7 @@ def run(spec: dict, result_path: Path) -> None:
     from trl_aspo import ASPOConfig, ASPOTrainer
     from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
     from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
-    from trl_aspo.vllm_cpu import cpu_weight_sync
+    from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 
     tokenizer = load_tokenizer(CHECKPOINT_DIR)
     model = AutoModelForCausalLM.from_pretrained(str(CHECKPOINT_DIR), dtype=torch.float32)

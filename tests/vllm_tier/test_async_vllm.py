@@ -23,7 +23,7 @@ from vllm_common import (
 
 from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 from trl_aspo.builtin.task import calculator, make_dataset
-from trl_aspo.vllm_cpu import CPUWeightTransfer
+from trl_aspo.infra.vllm_cpu import CPUWeightTransfer
 
 METHOD_FIELDS = dict(
     num_generations=1,
@@ -58,7 +58,7 @@ def _logged(trainer, key):
 def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path):
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trl_aspo.prompt_stream import PrioritizedPromptLoop
+    from trl_aspo.infra.prompt_stream import PrioritizedPromptLoop
 
     trainer = _trainer(tmp_path, vllm_server.url, max_steps=3, save_strategy="steps", save_steps=2)
     assert isinstance(trainer.weight_transfer, CPUWeightTransfer)  # chosen because the device is a CPU
@@ -99,7 +99,7 @@ def test_cli_trains_with_trl_worker(vllm_server, tmp_path):
     command = [
         sys.executable,
         "-m",
-        "trl_aspo.cli",
+        "trl_aspo.cli.main",
         "train",
         "--config",
         "configs/quickstart_async.yaml",

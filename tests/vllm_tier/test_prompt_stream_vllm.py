@@ -1,4 +1,4 @@
-"""trl_aspo.prompt_stream on TRL's own rollout worker (it needs vLLM to be constructed) and its spawned process against
+"""trl_aspo.infra.prompt_stream on TRL's own rollout worker (it needs vLLM to be constructed) and its spawned process against
 the real vLLM server: loop attachment, prioritized draws from shared weights, first-dispatch stamps."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from async_common import MODEL, async_fields, calculator_tokenizer
 from test_prompt_stream import certain_half_init_file, prioritized_fields, recording_scores
 
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
-from trl_aspo.prompt_ids import prompt_key
-from trl_aspo.prompt_stream import (
+from trl_aspo.infra.prompt_stream import (
     PrioritizedAsyncRolloutLoop,
     PromptDispatches,
     PromptPriorities,
@@ -22,6 +21,7 @@ from trl_aspo.prompt_stream import (
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
+from trl_aspo.values.prompt_ids import prompt_key
 
 
 @pytest.fixture(scope="module")

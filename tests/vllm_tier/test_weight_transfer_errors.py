@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from trl_aspo.vllm_cpu import CPUWeightTransfer
+from trl_aspo.infra.vllm_cpu import CPUWeightTransfer
 
 
 class _NotFound(http.server.BaseHTTPRequestHandler):

@@ -19,7 +19,7 @@ def fixed_prompt_ids(tokenizer) -> list[int]:
 def policy_logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> torch.Tensor:
     """log pi(completion token | prefix) under `model`, at temperature 1 (standard attention, also for the
     asynchronous trainer's packed-attention policy)."""
-    from trl_aspo.report import generation_attention
+    from trl_aspo.evaluation.report import generation_attention
 
     ids = torch.tensor([prompt_ids + completion_ids], device=model.device)
     with torch.no_grad(), generation_attention(model):

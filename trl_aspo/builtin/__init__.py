@@ -1,6 +1,6 @@
 """Built-in tiny model, tokenizer and arithmetic task: see RL improve tool use on a CPU, offline."""
 
-from .model import (
+from trl_aspo.builtin.model import (
     CHECKPOINT_DIR,
     MULTICALL_CHECKPOINT_DIR,
     SHIPPED_CHECKPOINTS,
@@ -12,8 +12,8 @@ from .model import (
     is_builtin,
     load_builtin,
 )
-from .task import calculator, correctness_reward, make_dataset
-from .tokenizer import build_tokenizer, is_builtin_tokenizer_dir, load_tokenizer
+from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+from trl_aspo.builtin.tokenizer import build_tokenizer, is_builtin_tokenizer_dir, load_tokenizer
 
 __all__ = [
     "CHECKPOINT_DIR",

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from .tokenizer import build_tokenizer, load_tokenizer
+from trl_aspo.builtin.tokenizer import build_tokenizer, load_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
 TINY_RANDOM = "builtin:tiny-random"

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
-from .calculator import CalculatorError, evaluate
-from .task import TEST_FRACTION, correctness_reward
+from trl_aspo.builtin.calculator import CalculatorError, evaluate
+from trl_aspo.builtin.task import TEST_FRACTION, correctness_reward
 
 __all__ = [
     "FAMILIES",

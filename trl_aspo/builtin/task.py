@@ -19,7 +19,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from .calculator import calculator
+from trl_aspo.builtin.calculator import calculator
 
 __all__ = [
     "ANSWER_TEMPLATE",

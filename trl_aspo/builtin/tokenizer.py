@@ -26,8 +26,8 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import render_jinja_template
 from trl.chat_template_utils import add_response_schema, qwen2_5_chat_template
 
-from .calculator import calculator
-from .task import ANSWER_TEMPLATE, QUESTION_TEMPLATE
+from trl_aspo.builtin.calculator import calculator
+from trl_aspo.builtin.task import ANSWER_TEMPLATE, QUESTION_TEMPLATE
 
 # Largest integer with its own token. 2-digit x 2-digit products (<= 9801) and 3-digit sums (<= 1998) fit.
 MAX_NUMBER = 9999

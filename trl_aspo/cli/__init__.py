@@ -1,0 +1,1 @@
+"""The `trl-aspo` command line: `train`, `evaluate`, `values`, `compare`, `plot` (entry point: `trl_aspo.cli.main:main`)."""

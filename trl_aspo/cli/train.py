@@ -1,0 +1,588 @@
+"""YAML-configured training: `trl-aspo train --config X.yaml [--key value ...]`.
+
+Arguments follow TRL's `TrlParser` conventions: a YAML file given with `--config` sets the defaults of every field
+of `ASPOScriptArguments`, `ASPOConfig`, `ModelConfig` and `DatasetMixtureConfig`; command-line flags override it;
+an `env:` block sets environment variables; a key that no dataclass knows is an error that names it.
+
+The script argument `trainer` picks the trainer before anything else is parsed: `sync` (default) trains with
+`ASPOTrainer`; `async` with `AsyncASPOTrainer`, whose fields come from `AsyncASPOConfig` (in place of `ASPOConfig`)
+and `AsyncModelArguments` (in place of `ModelConfig`: TRL's async trainer loads the model from a path with the
+config's `dtype` and `model_init_kwargs`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+
+from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+
+from trl_aspo.cli.arguments import ConfigurationError, check_command_line, config_path, read_config, report
+from trl_aspo.cli.arguments import requested_trainer as _requested_trainer
+from trl_aspo.config.aspo_config import ASPOConfig
+
+TRAINERS = {
+    "sync": "ASPOTrainer, on TRL's GRPOTrainer loop (config: ASPOConfig)",
+    "async": "AsyncASPOTrainer, on TRL's experimental AsyncGRPOTrainer (config: AsyncASPOConfig)",
+}
+ROLLOUT_WORKERS = {
+    "auto": "'local' when training on a CPU (use_cpu, or no CUDA device), else 'trl'",
+    "local": "trl_aspo's in-process LocalRolloutWorker with LocalWeightTransfer (CPU, no vLLM, no network)",
+    "trl": "TRL's own rollout worker process with a vLLM server at vllm_server_base_url (GPU)",
+}
+BUILTIN_DATASET = "builtin:calculator"
+MULTICALL_DATASET = "builtin:multicall"
+# Each built-in task: its problem generator and the built-in tool that solves it.
+BUILTIN_DATASETS = {
+    BUILTIN_DATASET: ("trl_aspo.builtin.task.make_dataset", "builtin:calculator"),
+    MULTICALL_DATASET: ("trl_aspo.builtin.multicall.make_dataset", "builtin:one-op-calculator"),
+}
+BUILTIN_REWARDS = {"builtin:correctness": "trl_aspo.builtin.task.correctness_reward"}
+BUILTIN_TOOLS = {
+    "builtin:calculator": "trl_aspo.builtin.task.calculator",
+    # One operation per call (and named `calculator` too, see trl_aspo.builtin.multicall): for builtin:multicall.
+    "builtin:one-op-calculator": "trl_aspo.builtin.multicall.calculator",
+}
+
+
+@dataclass
+class ASPOScriptArguments(ScriptArguments):
+    """What to train on: dataset, reward functions, tools, and the built-in task's sizes and evaluation."""
+
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Reward functions: dotted import paths (e.g. 'my_lib.rewards.correct') or built-in names "
+            f"{sorted(BUILTIN_REWARDS)}. Their `rewards/<name>` metrics use the function names."
+        },
+    )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Tools the model may call through TRL's tool loop: dotted import paths of functions with type "
+            f"hints and a Google-style docstring, or built-in names {sorted(BUILTIN_TOOLS)}."
+        },
+    )
+    builtin_train_size: int = field(
+        default=2000,
+        metadata={"help": f"Training problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
+    )
+    builtin_test_size: int = field(
+        default=200,
+        metadata={"help": f"Held-out problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
+    )
+    builtin_seed: int = field(default=0, metadata={"help": "Seed of the built-in task's problem generator."})
+    evaluate_before_after: bool = field(
+        default=False,
+        metadata={
+            "help": "Evaluate tool use on the held-out split before and after training, print a before/after "
+            "summary and write it to `<output_dir>/summary.json`."
+        },
+    )
+    eval_samples_per_problem: int = field(
+        default=1, metadata={"help": "Completions per held-out problem in the before/after evaluation (avg@k)."}
+    )
+    eval_temperature: float = field(
+        default=0.0, metadata={"help": "Sampling temperature of the before/after evaluation; 0 = greedy."}
+    )
+    plot: bool = field(default=True, metadata={"help": "Save training curves as `<output_dir>/training_curves.png`."})
+    trainer: str = field(
+        default="sync",
+        metadata={
+            "help": "Which trainer runs: " + "; ".join(f"'{name}' = {text}" for name, text in TRAINERS.items()) + ".",
+            "choices": list(TRAINERS),
+        },
+    )
+    rollout_worker: str = field(
+        default="auto",
+        metadata={
+            "help": "trainer='async' only: who generates the rollouts. "
+            + "; ".join(f"'{name}' = {text}" for name, text in ROLLOUT_WORKERS.items())
+            + ".",
+            "choices": list(ROLLOUT_WORKERS),
+        },
+    )
+    rollout_jitter_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "trainer='async' with the local worker only: each generated turn waits a seeded U(0, "
+            "rollout_jitter_s) seconds first, so samples arrive out of order and stale, as from a real server. "
+            "0 = no delay."
+        },
+    )
+
+    def __post_init__(self):
+        _check_choice("trainer", self.trainer, TRAINERS)
+        _check_choice("rollout_worker", self.rollout_worker, ROLLOUT_WORKERS)
+        if not self.rollout_jitter_s >= 0:
+            raise ValueError(f"rollout_jitter_s={self.rollout_jitter_s}: a delay in seconds, so it must be >= 0.")
+        if self.trainer == "sync":
+            for name, default in (("rollout_worker", "auto"), ("rollout_jitter_s", 0.0)):
+                if getattr(self, name) != default:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} is a setting of the asynchronous trainer, but trainer='sync' "
+                        "generates inside its own loop: set trainer: async, or remove it."
+                    )
+
+
+@dataclass
+class AsyncModelArguments:
+    """The model of a `trainer: async` run. TRL's AsyncGRPOTrainer loads it from a path, with `AsyncASPOConfig`'s
+    `dtype` and `model_init_kwargs`, so `ModelConfig`'s loading, quantization and PEFT fields do not apply."""
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A local model directory, a hub id, or 'builtin:tiny-calculator' / 'builtin:tiny-multicall'."
+        },
+    )
+
+
+def _check_choice(name: str, value, choices: dict[str, str]) -> None:
+    if value not in choices:
+        allowed = "; ".join(f"{choice!r} = {text}" for choice, text in choices.items())
+        raise ValueError(f"{name}={value!r} is not one of the choices: {allowed}.")
+
+
+def config_classes(trainer: str = "sync") -> tuple[type, ...]:
+    """The dataclasses a `trl-aspo train` config of this `trainer` fills, in the order the parser returns them."""
+    _check_choice("trainer", trainer, TRAINERS)
+    if trainer == "async":
+        from trl_aspo.config.async_config import AsyncASPOConfig
+
+        return ASPOScriptArguments, AsyncASPOConfig, AsyncModelArguments, DatasetMixtureConfig
+    return ASPOScriptArguments, ASPOConfig, ModelConfig, DatasetMixtureConfig
+
+
+def make_parser(prog: str | None = None, trainer: str = "sync") -> TrlParser:
+    return TrlParser(config_classes(trainer), prog=prog)
+
+
+def config_file(argv: list[str]) -> dict | None:
+    """The mapping of the `--config` YAML of a command line; None without one (or unreadable: the checks say why)."""
+    path = config_path(argv)
+    if not path:
+        return None
+    try:
+        return read_config(path)
+    except ConfigurationError:
+        return None
+
+
+def requested_trainer(argv: list[str]) -> str:
+    """The `trainer` a command line asks for: its `--trainer` flag, else the `--config` YAML's key, else 'sync'.
+
+    Read before parsing, because it decides which config class parses everything else."""
+    return _requested_trainer(argv, config_file(argv))
+
+
+def check_keys_for_trainer(keys, trainer: str) -> None:
+    """Refuse, by name, a key that only the other trainer's config has (instead of TrlParser's bare "unknown")."""
+    own = {name for cls in config_classes(trainer) for name in cls.__dataclass_fields__}
+    for other in TRAINERS:
+        if other == trainer:
+            continue
+        for key in sorted(set(keys) - own):
+            owner = next((cls for cls in config_classes(other) if key in cls.__dataclass_fields__), None)
+            if owner is not None:
+                raise ValueError(
+                    f"{key!r} is a field of {owner.__name__} (trainer: {other}), which trainer: {trainer} does not "
+                    f"take ({TRAINERS[trainer]}): remove it, or set trainer: {other}."
+                )
+
+
+def parse_config(config: dict):
+    """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file), parsed
+    as `trl-aspo train --config` parses it, so a value YAML reads as a string (`1e-3`) gets its field's type."""
+    trainer = config.get("trainer", "sync")
+    _check_choice("trainer", trainer, TRAINERS)
+    check_keys_for_trainer(config, trainer)
+    return parse_checked(make_parser(trainer=trainer), config, [])
+
+
+def resolve_callable(name: str, builtins: dict[str, str], what: str):
+    """Import `name` (a built-in name or a dotted path), naming the argument in the error."""
+    dotted = builtins.get(name, name)
+    module_name, _, attribute = dotted.rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"{what} {name!r} is neither a built-in ({sorted(builtins)}) nor a dotted import path like 'pkg.mod.fn'."
+        )
+    # User modules in the working directory are found, after installed packages: a local `matplotlib.py` shadows none.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{what} {name!r} could not be imported: {error}") from None
+    if not callable(function):
+        raise ValueError(f"{what} {name!r} is a {type(function).__name__} ({function!r}), not a function.")
+    return function
+
+
+def resolve_functions(script_args) -> tuple[list, list]:
+    """(reward_funcs, tools) of the script arguments, imported; `ConfigurationError` listing every entry that is
+    missing, cannot be imported or is not a function, before any model loads."""
+    problems = []
+    if not script_args.reward_funcs:
+        problems.append(f"reward_funcs: not set; give dotted import paths or built-in names {sorted(BUILTIN_REWARDS)}")
+    resolved: dict[str, list] = {"reward_funcs": [], "tools": []}
+    for what, names, builtins in (
+        ("reward_funcs", script_args.reward_funcs or [], BUILTIN_REWARDS),
+        ("tools", script_args.tools or [], BUILTIN_TOOLS),
+    ):
+        for name in names:
+            try:
+                resolved[what].append(resolve_callable(name, builtins, f"{what} entry"))
+            except ValueError as error:
+                problems.append(str(error))
+    if problems:
+        raise ConfigurationError(problems)
+    return resolved["reward_funcs"], resolved["tools"]
+
+
+def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixtureConfig):
+    """Return (train, test) datasets; the built-in task is generated locally, anything else goes through TRL."""
+    if script_args.dataset_name in BUILTIN_DATASETS:
+        make_dataset = resolve_callable(
+            script_args.dataset_name, {k: v for k, (v, _) in BUILTIN_DATASETS.items()}, "dataset_name"
+        )
+        train = make_dataset("train", script_args.builtin_train_size, seed=script_args.builtin_seed)
+        test = make_dataset("test", script_args.builtin_test_size, seed=script_args.builtin_seed)
+        return train, test
+    from datasets import load_dataset
+    from trl import get_dataset
+
+    if dataset_args.datasets:
+        dataset = get_dataset(dataset_args)
+    elif script_args.dataset_name:
+        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
+    else:
+        raise ValueError(f"Set `dataset_name` (a dataset name or one of {sorted(BUILTIN_DATASETS)}) or `datasets`.")
+    test = dataset.get(script_args.dataset_test_split)
+    return dataset[script_args.dataset_train_split], test
+
+
+def parse_command_line(argv: list[str]):
+    """(script_args, training_args, model_args, dataset_args) of a `trl-aspo train` command line.
+
+    Every mistake raises one `ConfigurationError` listing them all: those `check_command_line` finds in the YAML and
+    the flags, then a value the dataclasses' own validation refuses."""
+    config, trainer = check_command_line(argv)
+    without_config = list(argv)
+    if "--config" in without_config:
+        index = without_config.index("--config")
+        del without_config[index : index + 2]
+    return parse_checked(make_parser(prog="trl-aspo train", trainer=trainer), config, without_config)
+
+
+def parse_checked(parser: TrlParser, config: dict, argv: list[str]):
+    """The dataclasses of an already checked YAML mapping and flags, as TrlParser fills them (the `env:` block sets
+    environment variables; flags override the YAML), with argparse's and `__post_init__`'s errors raised as a
+    `ConfigurationError` instead of a usage dump or a traceback."""
+    config = dict(config)
+    for key, value in (config.pop("env", None) or {}).items():
+        os.environ[key] = str(value)
+    remaining = parser.set_defaults_with_config(**config)
+    if remaining:
+        raise ConfigurationError([f"unknown keys: {remaining[::2]}"])
+
+    def refuse(message: str):
+        raise ConfigurationError([message])
+
+    parser.error = refuse  # argparse would print every field's usage first, then exit
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except (ValueError, TypeError) as error:
+        if isinstance(error, ConfigurationError):
+            raise
+        raise ConfigurationError([" ".join(str(error).split())]) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trl_aspo.infra.notices import ignore_known_notices
+
+    ignore_known_notices()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        from trl_aspo.cli.arguments import train_help
+
+        print(train_help(argv), end="")
+        return
+    try:
+        parsed = parse_command_line(argv)
+        if not parsed[2].model_name_or_path:
+            raise ConfigurationError(
+                ["model_name_or_path: not set; give a local model directory, a hub id or 'builtin:tiny-calculator'"]
+            )
+        functions = resolve_functions(parsed[0])
+    except ConfigurationError as error:
+        report("trl-aspo train", error)
+    run_until_interrupted(argv, parsed, functions)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
+
+    def __init__(self, step: int):
+        super().__init__(step)
+        self.step = step
+
+
+def run_until_interrupted(argv: list[str], parsed, functions: tuple[list, list] | None = None) -> None:
+    """`run` a parsed command line; on Ctrl-C print one line naming the latest checkpoint and the command that
+    resumes from it (main process only) and exit with status 130, the shell's code for SIGINT, without a traceback."""
+    from trl_aspo.trainers.resume import interrupt_message
+
+    config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    try:
+        run(
+            *parsed,
+            functions=functions,
+            config_name=os.path.splitext(os.path.basename(config))[0] if config else None,
+        )
+    except KeyboardInterrupt as interrupt:
+        if os.environ.get("RANK", "0") == "0":
+            step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
+            print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def curves_title(name: str, training_args) -> str:
+    """'quickstart: spo++ advantages, aspo loss, tool shaping, 80 steps': the training curves' title."""
+    parts = [
+        f"{getattr(training_args, 'advantage_estimator', 'group')} advantages",
+        f"{training_args.loss_type} loss",
+        "tool shaping" if getattr(training_args, "tool_shaping", False) else "no tool shaping",
+        f"{training_args.max_steps} steps" if training_args.max_steps > 0 else None,
+    ]
+    return f"{name}: " + ", ".join(part for part in parts if part)
+
+
+def use_console_progress(trainer, callbacks: list | None) -> None:
+    """Replace transformers' progress bar, which prints every logged metric as a dict, by `callbacks` when given,
+    else by a bar showing `TRAIN_CONSOLE_METRICS` (everything logged still reaches the trackers and log history)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    from trl_aspo.cli.progress import TRAIN_CONSOLE_METRICS, MetricProgressCallback
+
+    had_bar = any(isinstance(callback, ProgressCallback) for callback in trainer.callback_handler.callbacks)
+    if not callbacks and not had_bar:
+        return  # disable_tqdm: the user asked for transformers' plain log lines
+    trainer.remove_callback(ProgressCallback)
+    for callback in callbacks or [MetricProgressCallback("train", TRAIN_CONSOLE_METRICS)]:
+        trainer.add_callback(callback)
+
+
+def run(
+    script_args,
+    training_args,
+    model_args,
+    dataset_args: DatasetMixtureConfig,
+    callbacks: list | None = None,
+    functions: tuple[list, list] | None = None,
+    config_name: str | None = None,
+):
+    """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given;
+    `functions` are the (reward_funcs, tools) `resolve_functions` returned, resolved here when not given;
+    `config_name` titles the training curves (default: the output folder's name).
+
+    `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
+    `TrainingInterrupted` with the step it stopped at."""
+    from trl_aspo.cli.progress import MetricProgressCallback
+    from trl_aspo.trainers.resume import resolve_resume_checkpoint
+
+    if not model_args.model_name_or_path:
+        raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
+    reward_funcs, tools = functions if functions is not None else resolve_functions(script_args)
+    train_dataset, test_dataset = load_datasets(script_args, dataset_args)
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+
+    if script_args.trainer == "async":
+        trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
+    else:
+        trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
+    if training_args.max_steps <= 0 or getattr(trainer, "_epoch_stop_groups", None) is not None:
+        trainer.accelerator.print(training_length_message(trainer, train_dataset))
+    use_console_progress(trainer, callbacks)
+    report = None
+    if script_args.evaluate_before_after:
+        from trl_aspo.evaluation.report import BeforeAfterReport
+
+        report = BeforeAfterReport(
+            trainer,
+            test_dataset,
+            reward_funcs,
+            tools,
+            script_args.eval_samples_per_problem,
+            script_args.eval_temperature,
+        )
+        report.measure_before(reuse_saved=resume is not None)
+    if resume is not None:
+        trainer.accelerator.print(f"Resuming from {resume}.")
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, MetricProgressCallback):
+                callback.close()
+        raise TrainingInterrupted(trainer.state.global_step) from None
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if report is not None:
+        report.measure("after")
+        report.finish()
+    if script_args.plot and trainer.accelerator.is_main_process:
+        from trl_aspo.cli.plot import plot_training_curves
+
+        heldout = None
+        if report is not None:
+            heldout = {"initial": report.results["before"]["accuracy"], "final": report.results["after"]["accuracy"]}
+        title = curves_title(
+            config_name or os.path.basename(os.path.normpath(training_args.output_dir)), training_args
+        )
+        path = plot_training_curves(trainer.state.log_history, training_args.output_dir, title=title, heldout=heldout)
+        trainer.accelerator.print(f"Training curves saved to {path}.")
+    trainer.accelerator.wait_for_everyone()
+    return trainer
+
+
+def training_length_message(trainer, train_dataset) -> str:
+    """What a run without a positive `max_steps` trains (transformers reads max_steps=-1 as "num_train_epochs
+    epochs"), said once at the start.
+
+    The synchronous trainer's optimizer steps per epoch follow from its sampler: an epoch has
+    R = floor(N / P) generation rounds of P = generation_batch_size / num_generations prompts, each round is
+    trained for num_iterations * steps_per_generation micro-batches, so
+
+        steps = ceil(num_train_epochs * max(1, ceil(R * num_iterations * steps_per_generation / grad_accum)))
+
+    as `Trainer.set_initial_training_values` computes it. The asynchronous trainer stops after
+    ceil(num_train_epochs * N) prompt groups instead (its max_steps is then only a ceiling)."""
+    args = trainer.args
+    epochs, prompts = args.num_train_epochs, len(train_dataset)
+    stop_groups = getattr(trainer, "_epoch_stop_groups", None)
+    if stop_groups is not None:
+        return (
+            f"max_steps is not set: training num_train_epochs={epochs:g} epochs over {prompts} prompts, i.e. until "
+            f"{stop_groups} prompt groups have been trained (max_steps={args.max_steps} is only a ceiling)."
+        )
+    prompts_per_round = args.generation_batch_size // args.num_generations
+    rounds = prompts // prompts_per_round
+    micro_batches = rounds * args.num_iterations * args.steps_per_generation
+    per_epoch = max(math.ceil(micro_batches / args.gradient_accumulation_steps), 1)
+    return (
+        f"max_steps={args.max_steps}: training num_train_epochs={epochs:g} epochs over {prompts} prompts "
+        f"({rounds} generation rounds of {prompts_per_round} prompts per epoch) = "
+        f"{math.ceil(epochs * per_epoch)} optimizer steps."
+    )
+
+
+def build_sync_trainer(
+    training_args: ASPOConfig, model_args: ModelConfig, reward_funcs, tools, train_dataset, test_dataset
+):
+    """`ASPOTrainer` on the model named by `ModelConfig` (built-in names load locally)."""
+    from trl import get_peft_config
+
+    from trl_aspo.trainers.aspo_trainer import ASPOTrainer
+
+    if not model_args.model_name_or_path.startswith("builtin:"):
+        init_kwargs = {"revision": model_args.model_revision, "dtype": model_args.dtype}
+        if model_args.attn_implementation is not None:
+            init_kwargs["attn_implementation"] = model_args.attn_implementation
+        training_args.model_init_kwargs = {**init_kwargs, **(training_args.model_init_kwargs or {})}
+    return ASPOTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=test_dataset if training_args.eval_strategy != "no" else None,
+        peft_config=get_peft_config(model_args),
+        tools=tools or None,
+    )
+
+
+def resolve_rollout_worker(script_args, training_args) -> str:
+    """'local' or 'trl': `rollout_worker`, with 'auto' = local on a CPU run, TRL's worker otherwise."""
+    if script_args.rollout_worker != "auto":
+        return script_args.rollout_worker
+    import torch
+
+    return "local" if training_args.use_cpu or not torch.cuda.is_available() else "trl"
+
+
+def _local_worker_processes_message(num_processes: int) -> str:
+    return (
+        f"rollout_worker='local' with {num_processes} processes: the local worker is a one-process path (it "
+        "generates inside the training process, on a CPU copy of the policy). Run one process (no --num_processes), "
+        "or use rollout_worker: trl with a vLLM server for several."
+    )
+
+
+def refuse_local_worker_with_processes(num_processes: int, argv: list[str]) -> None:
+    """Before `accelerate launch` starts `num_processes` copies: exit with the reason if the command line asks for
+    the asynchronous trainer with the local worker, which runs in one process."""
+    if requested_trainer(argv) != "async":
+        return
+    script_args, training_args, _, _ = parse_command_line(argv)
+    if resolve_rollout_worker(script_args, training_args) == "local":
+        raise SystemExit(f"trl-aspo train: {_local_worker_processes_message(num_processes)}")
+
+
+def build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset):
+    """`AsyncASPOTrainer` with the rollout worker `rollout_worker` names.
+
+    The local worker generates in the training process (on a policy copy that `LocalWeightTransfer` keeps current)
+    with `install_cpu_fallbacks()` for what TRL's async trainer otherwise fetches or needs a GPU for. TRL's worker is
+    the trainer's default: a spawned process posting to the vLLM server at `vllm_server_base_url`, NCCL weight sync."""
+    from trl_aspo.builtin import is_builtin_tokenizer_dir, load_tokenizer
+    from trl_aspo.infra import resolve_model_path
+    from trl_aspo.trainers.async_aspo_trainer import AsyncASPOTrainer
+
+    worker_kind = resolve_rollout_worker(script_args, training_args)
+    if worker_kind == "local" and training_args.world_size > 1:
+        raise ValueError(_local_worker_processes_message(training_args.world_size))
+    if worker_kind == "trl" and script_args.rollout_jitter_s:
+        raise ValueError(
+            f"rollout_jitter_s={script_args.rollout_jitter_s} needs rollout_worker: local; TRL's worker is timed by "
+            "its vLLM server."
+        )
+    model = resolve_model_path(model_args.model_name_or_path)
+    if is_builtin_tokenizer_dir(model):
+        tokenizer = load_tokenizer(model)  # AutoTokenizer would rebuild it with different ids (see load_tokenizer)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=training_args.trust_remote_code)
+    worker_kwargs = {}
+    if worker_kind == "local":
+        from trl_aspo.infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+
+        install_cpu_fallbacks()
+        worker = LocalRolloutWorker(
+            model,
+            tokenizer,
+            train_dataset,
+            reward_funcs,
+            training_args,
+            tools=tools or None,
+            jitter_s=script_args.rollout_jitter_s,
+            seed=training_args.seed,
+        )
+        worker_kwargs = {"rollout_worker": worker, "weight_transfer": LocalWeightTransfer(worker)}
+    return AsyncASPOTrainer(
+        model,
+        reward_funcs=reward_funcs,
+        args=training_args,
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+        tools=tools or None,
+        **worker_kwargs,
+    )
+
+
+if __name__ == "__main__":
+    main()

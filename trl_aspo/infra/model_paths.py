@@ -1,0 +1,19 @@
+"""Built-in model names as the directories `AsyncGRPOTrainer` loads from (it takes a path, never a model object)."""
+
+from __future__ import annotations
+
+from trl_aspo.builtin import SHIPPED_CHECKPOINTS, is_builtin
+
+
+def resolve_model_path(model: str) -> str:
+    """`builtin:tiny-calculator` / `builtin:tiny-multicall` -> its shipped checkpoint directory; any other path or hub
+    id is returned as is."""
+    if model in SHIPPED_CHECKPOINTS:
+        return str(SHIPPED_CHECKPOINTS[model][0])
+    if is_builtin(model):
+        shipped = " and ".join(repr(name) for name in SHIPPED_CHECKPOINTS)
+        raise ValueError(
+            f"model={model!r}: AsyncGRPOTrainer loads its policy from a directory, and only {shipped} ship one. Build "
+            "the model, `save_pretrained` it to a directory and pass that path."
+        )
+    return model

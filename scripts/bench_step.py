@@ -14,8 +14,8 @@ and the first step of every `train()` call is dropped as warm-up. Rows:
 
 With `--vllm colocate` (or `--vllm server --vllm_server_base_url URL`) both trainers generate with vLLM (vLLM's CPU
 build, `make install-vllm`; run with `.venv-vllm/bin/python`): on a CPU the weights reach the engine by
-`trl_aspo.infra.vllm_cpu`'s reload, for `GRPOTrainer` too, since TRL's own NCCL sync needs CUDA. Colocate mode builds one
-engine per trainer in this process.
+`trl_aspo.infra.vllm_cpu`'s reload, for `GRPOTrainer` too, since TRL's own NCCL sync needs CUDA. Colocate mode builds
+one engine per trainer in this process.
 
 Usage: python scripts/bench_step.py [--repeats 8] [--steps 4] [--threads 1] [--profile aspo] [--vllm colocate]
 `--profile NAME` prints the cProfile functions of that row with the most cumulative time, instead of timing.

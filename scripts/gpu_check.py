@@ -89,7 +89,8 @@ from trl_aspo.algorithms.losses import (
     unflipped_sample_mask,
 )
 from trl_aspo.algorithms.tool_metrics import first_tool_call_positions
-from trl_aspo.values.single_stream import normalize_advantages, tool_shaping_bias, tracker_rewards
+from trl_aspo.values.scoring import normalize_advantages, tool_shaping_bias
+from trl_aspo.values.single_stream import tracker_rewards
 from trl_aspo.values.tracker import EventValueTracker, kl_adaptive_rho, logprob_drift
 
 GOAL_RATIO = 1.02

@@ -72,7 +72,8 @@ def test_synchronous_trainer_logs_window_ratios():
     trainer = _stub()
     for stats, mask in MICRO_BATCHES:
         entropies = torch.ones(mask.shape)
-        ASPOTrainer._log_aspo_metrics(trainer, "train", stats, entropies, mask, None, torch.tensor(0.5))
+        out = types.SimpleNamespace(stats=stats, aggregated=torch.tensor(0.5), per_token_kl=None)
+        ASPOTrainer._log_aspo_metrics(trainer, "train", out, entropies, mask)
     metrics = trainer._metrics["train"]
     reduce_ratio_metrics(metrics)  # what ASPOTrainer.log does before GRPOTrainer.log averages
     for name, value in EXPECTED.items():

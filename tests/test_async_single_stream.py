@@ -10,7 +10,7 @@ import torch
 
 from trl_aspo.config.async_config import AsyncASPOConfig
 from trl_aspo.values.prompt_ids import prompt_key
-from trl_aspo.values.single_stream import StepScorer
+from trl_aspo.values.scoring import StepScorer
 
 # (prompt key, model version, reward, action tokens, group id), per optimizer step, in a canonical order.
 STEPS = [

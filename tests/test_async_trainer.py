@@ -305,8 +305,8 @@ def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
 
 
 def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
-    """The async trainer resumes under the same rules as ASPOTrainer (trl_aspo.values.single_stream): a changed estimator
-    is refused naming both values unless `value_reset_on_resume`, which starts a fresh tracker on purpose."""
+    """The async trainer resumes under the same rules as ASPOTrainer (trl_aspo.trainers.project_state): a changed
+    estimator is refused naming both values unless `value_reset_on_resume`, which starts a fresh tracker on purpose."""
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
     samples = scripted_samples(tokenizer, [index // 4 for index in range(24)], prompt_rows=[i % 5 for i in range(24)])
@@ -336,7 +336,7 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
 def test_progressive_flip_threshold_decays_over_optimizer_steps(tmp_path, tokenizer, monkeypatch):
     """`aspo_flip_threshold_start` / `aspo_flip_decay_steps` act in the packed loss as in ASPOTrainer: the threshold
     falls linearly from 0.4 at step 0 to 0 at step 2."""
-    import trl_aspo.trainers.async_aspo_trainer as async_trainer
+    import trl_aspo.trainers.loss_assembly as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.algorithms.losses import asymmetric_policy_loss
 
@@ -379,7 +379,7 @@ def test_tool_shaping_correct_reward_must_name_a_scored_function(tmp_path, token
 def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, monkeypatch):
     """Sequence aggregation, the per-completion entropy split and the unflipped share act on the packed batch's
     samples (`segment_id`), checked against a per-sample recomputation from the flat packed targets."""
-    import trl_aspo.trainers.async_aspo_trainer as async_trainer
+    import trl_aspo.trainers.loss_assembly as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.algorithms.losses import asymmetric_policy_loss, entropy_split_mask
 
@@ -624,11 +624,17 @@ def test_tool_shaping_extras_and_pattern(tmp_path, tokenizer, pattern):
     trainer.train()
 
     kwargs = calls[0]
-    assert kwargs["tool_positions"].tolist() == [len(text[:2]), -1] * 2
+    positions, lengths, num_calls, turns = kwargs["tool_stats"].unbind(dim=1)
+    assert positions.tolist() == [len(text[:2]), -1] * 2
     advantages = torch.tensor([0.5, -0.5, 0.2, 0.0], dtype=torch.float64)
     # Calls 1 and interactive turns 1 (text before the call) on the crafted samples; the bonus only where A > 0.
     expected = torch.tensor([0.1 - 0.25, 0.0, 0.1 - 0.25, 0.0], dtype=torch.float64)
-    torch.testing.assert_close(kwargs["shaping_extras"](advantages), expected)
+    texts = kwargs["texts"]()
+    extras = [
+        hook(texts, positions, lengths, num_calls, turns, advantages)
+        for hook in trainer._scorer.pipeline.shaping_hooks
+    ]
+    torch.testing.assert_close(sum(extras).double(), expected)
 
 
 def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, tokenizer, monkeypatch):

@@ -1,6 +1,6 @@
 """Issue 19 item 1, second half: `log_weight_map` in AsyncASPOTrainer. Every trained token enters the map with the
 generator's log-prob as its old one; the weight is the ppo loss's clipped ratio or the aspo loss's, binned as in the
-synchronous trainer (trl_aspo.algorithms.weight_map, shared through WeightMapMixin)."""
+synchronous trainer (trl_aspo.algorithms.weight_map, shared through trl_aspo.trainers.weight_map_mixin)."""
 
 from __future__ import annotations
 

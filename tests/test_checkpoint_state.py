@@ -314,10 +314,10 @@ def test_resume_with_a_conflicting_setting_is_refused(
 
 @pytest.mark.slow
 def test_resume_applies_a_changed_rho_and_says_so(run_copy, tiny_tokenizer, calculator_dataset, monkeypatch):
-    import trl_aspo.values.single_stream as single_stream
+    import trl_aspo.trainers.project_state as project_state
 
     warnings = []
-    monkeypatch.setattr(single_stream.logger, "warning", warnings.append)
+    monkeypatch.setattr(project_state.logger, "warning", warnings.append)
     resumed = _resume(tiny_tokenizer, calculator_dataset, run_copy, value_rho=0.5)
     assert resumed._value_tracker.rho == 0.5
     assert any("value_rho changes from 0.875 to 0.5; the new value applies" in line for line in warnings)

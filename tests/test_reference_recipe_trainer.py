@@ -12,6 +12,7 @@ from dense_reward import digit_share_reward
 
 from trl_aspo import ASPOTrainer
 from trl_aspo.builtin import build_random_model
+from trl_aspo.values.scoring import AdvantageBatch
 
 
 def first_char_is_digit(completions, **kwargs) -> list[float]:
@@ -215,7 +216,15 @@ def test_correct_means_reward_at_least_threshold_in_shaping_and_evaluation(
         [positions, torch.full((4,), 10), torch.ones(4, dtype=torch.long), torch.zeros(4, dtype=torch.long)], dim=1
     )
     trainer.num_generations = 4
-    shaped = trainer._shape(advantages, rewards.unsqueeze(1), rewards, tool_stats, {})
+    batch = AdvantageBatch(
+        centered=advantages,
+        scorable=torch.ones(len(advantages), dtype=torch.bool),
+        token_counts=tool_stats[:, 1],
+        group_ids=torch.arange(len(advantages)) // trainer.num_generations,
+        rewards=rewards,
+        tool_stats=tool_stats,
+    )
+    shaped, shaping_metrics = trainer._pipeline.shape(advantages, batch)
     eligible = torch.tensor([True, True, True, False])
     expected = advantages + tool_position_bias(
         advantages, positions, torch.full((4,), 10), eligible, torch.zeros(4, dtype=torch.long)

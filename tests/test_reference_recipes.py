@@ -121,7 +121,7 @@ def test_trainer_kl_term_is_the_clamped_k3(
     second step's policy has moved from the reference, so a 1e-9 clamp binds."""
     from dense_reward import digit_share_reward
 
-    import trl_aspo.trainers.aspo_trainer as trainer_module
+    import trl_aspo.trainers.loss_assembly as trainer_module
 
     calls = []
 

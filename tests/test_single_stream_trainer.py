@@ -365,7 +365,7 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
         tracker.load_state_dict(live)
         live_store = dict(first._visit_store)
         visit_store = dict(live_store)
-        first._close_pending_visit(first._pending_visit, tracker, visit_store)
+        first._visit_drift.close(first._pending_visit, tracker, visit_store)
         assert saved["tracker"] != live and first._visit_store == live_store
         # The stored visits travel with the checkpoint: every prompt seen so far, tensors exactly.
         assert sorted(saved["visit_store"]) == sorted(visit_store)
@@ -411,8 +411,8 @@ def record_dispatch_values(trainer: ASPOTrainer) -> list[dict[str, float]]:
     dispatched: list[dict[str, float]] = []
     tracker_values = trainer._tracker_values
 
-    def recording_tracker_values(keys, tracker=None):
-        values = tracker_values(keys, tracker)
+    def recording_tracker_values(keys):
+        values = tracker_values(keys)
         dispatched.append(dict(zip(keys, values.tolist(), strict=True)))
         return values
 

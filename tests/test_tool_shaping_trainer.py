@@ -15,7 +15,7 @@ import pytest
 import torch
 from tiny_fields import tiny_run_fields
 
-import trl_aspo.values.single_stream as single_stream
+import trl_aspo.values.scoring as scoring
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.algorithms.shaping import tool_position_bias
 from trl_aspo.algorithms.tool_metrics import first_tool_call_positions, regex_tool_call_positions
@@ -23,6 +23,7 @@ from trl_aspo.builtin import TINY_CALCULATOR, build_random_model, load_builtin
 from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.task import calculator, correctness_reward
 from trl_aspo.cli.main import main as cli_main
+from trl_aspo.values.scoring import AdvantageBatch
 
 OPENER = "<tool_call>"
 needs_checkpoint = pytest.mark.skipif(
@@ -112,13 +113,13 @@ def test_detection_agrees_with_decoded_tool_loop_completions(shaped_run):
     trainer, batches, _ = shaped_run
     for batch in batches:
         positions, lengths, calls, _ = first_tool_call_positions(
-            batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._call_token_ids
+            batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._tool_calls.call_token_ids
         )
         expected = independent_detection(batch, trainer.processing_class)
         assert list(zip(positions.tolist(), lengths.tolist(), calls.tolist(), strict=True)) == expected
     batch = batches[0]
     positions = first_tool_call_positions(
-        batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._call_token_ids
+        batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._tool_calls.call_token_ids
     )[0]
     # The batch exercised TRL's loop: calls were made and their tool responses inserted (tool_mask 0) after the call.
     executed = (batch["tool_mask"] == 0) & batch["completion_mask"].bool()
@@ -138,7 +139,7 @@ def test_regex_detection_matches_opener_detection_on_real_completions(shaped_run
     trainer, batches, _ = shaped_run
     for batch in batches:
         by_opener = first_tool_call_positions(
-            batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._call_token_ids
+            batch["completion_ids"], batch["tool_mask"], batch["completion_mask"], trainer._tool_calls.call_token_ids
         )
         by_regex = regex_tool_call_positions(
             None,
@@ -232,7 +233,15 @@ def test_shape_groups(overrides, groups, tiny_tokenizer, tiny_model, calculator_
     lengths = torch.full((8,), 10)
     tool_stats = torch.stack([positions, lengths, (positions >= 0).long(), torch.zeros(8, dtype=torch.long)], dim=1)
 
-    shaped = trainer._shape(advantages, rewards.unsqueeze(1), rewards, tool_stats, {})
+    batch = AdvantageBatch(
+        centered=advantages,
+        scorable=torch.ones(len(advantages), dtype=torch.bool),
+        token_counts=tool_stats[:, 1],
+        group_ids=torch.arange(len(advantages)) // trainer.num_generations,
+        rewards=rewards,
+        tool_stats=tool_stats,
+    )
+    shaped, shaping_metrics = trainer._pipeline.shape(advantages, batch)
 
     eligible = (rewards > 0.5) & (positions >= 0)
     expected = advantages + tool_position_bias(advantages, positions, lengths, eligible, torch.tensor(groups))
@@ -240,7 +249,7 @@ def test_shape_groups(overrides, groups, tiny_tokenizer, tiny_model, calculator_
     per_completion = advantages + tool_position_bias(advantages, positions, lengths, eligible, torch.arange(8))
     assert not torch.allclose(shaped, per_completion)  # the comparison really spans several completions
     assert torch.equal(shaped[~eligible], advantages[~eligible])
-    assert trainer._metrics["train"]["shaping/eligible_frac"] == [pytest.approx(5 / 8)]
+    assert shaping_metrics["shaping/eligible_frac"] == pytest.approx(5 / 8)
 
 
 def test_tool_statistics_reduce_over_ranks(tiny_tokenizer, tiny_model, calculator_dataset, tiny_config, monkeypatch):
@@ -276,7 +285,7 @@ def test_single_stream_run_shapes_across_the_whole_batch(calculator_dataset, tin
         calls.append((advantages.clone(), positions, lengths, eligible, groups, bias))
         return bias
 
-    monkeypatch.setattr(single_stream, "tool_position_bias", spy)
+    monkeypatch.setattr(scoring, "tool_position_bias", spy)
     model, tokenizer = load_builtin(TINY_CALCULATOR)
     args = tiny_config(
         advantage_estimator="spo++",

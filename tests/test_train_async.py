@@ -156,7 +156,7 @@ def test_generation_attention_swaps_packed_tree_attention_for_sdpa_and_back():
     from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
 
     from trl_aspo.builtin import CHECKPOINT_DIR
-    from trl_aspo.evaluation.report import PACKED_TREE_ATTENTION, generation_attention
+    from trl_aspo.evaluation.tool_use import PACKED_TREE_ATTENTION, generation_attention
 
     assert PACKED_TREE_ATTENTION == TREE_ATTENTION
     register_tree_attention()

@@ -17,11 +17,11 @@ from trl_aspo.algorithms.losses import asymmetric_policy_loss
 from trl_aspo.algorithms.weight_map import (
     WEIGHT_MAP_FILE,
     WeightMapLog,
-    WeightMapMixin,
     aspo_weight,
     clipped_ratio_weight,
     weight_map_sums,
 )
+from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
 
 
 def _close(actual: torch.Tensor, expected) -> None:

@@ -109,7 +109,7 @@ def test_vllm_correction_multiplies_the_asymmetric_term(vllm_server, tmp_path, m
     from dense_reward import digit_share_reward
     from transformers import AutoModelForCausalLM
 
-    import trl_aspo.trainers.aspo_trainer as aspo_trainer
+    import trl_aspo.trainers.loss_assembly as aspo_trainer
     from trl_aspo import ASPOConfig, ASPOTrainer
     from trl_aspo.builtin import load_tokenizer
     from trl_aspo.builtin.task import make_dataset

@@ -32,6 +32,7 @@ from trl_aspo.algorithms.shaping import (
     tool_position_shaping,
 )
 from trl_aspo.algorithms.tool_metrics import (
+    ToolCallCounter,
     first_tool_call_positions,
     is_model_text,
     regex_tool_call_positions,
@@ -58,6 +59,7 @@ __all__ = [
     "check_finite_advantages",
     "clipped_ratio_weight",
     "entropy_split_mask",
+    "ToolCallCounter",
     "first_tool_call_positions",
     "is_correct",
     "is_model_text",

@@ -21,7 +21,8 @@ ASPO_TOKEN_STATS = ("hard_clip_pos", "hard_clip_neg", "dual_clip_pos", "dual_cli
 
 def aspo_metric_sums(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """(7,) float32 sums over the action tokens (`mask`): the tokens of each `ASPO_TOKEN_STATS` stat, the flipped
-    tokens' flip weights (the `stats` of `trl_aspo.algorithms.losses.asymmetric_policy_loss`), and the action tokens."""
+    tokens' flip weights (the `stats` of `trl_aspo.algorithms.losses.asymmetric_policy_loss`), and the action
+    tokens."""
     mask = mask.float()
     columns = [(stats[name].float() * mask).sum() for name in ASPO_TOKEN_STATS]
     columns += [(stats["flip_weight"].float() * mask).sum(), mask.sum()]

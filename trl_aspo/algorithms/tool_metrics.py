@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ToolCallCounter",
     "first_tool_call_positions",
     "regex_tool_call_positions",
     "resolve_call_token_ids",
@@ -322,3 +323,35 @@ def tool_call_metrics(
         "first_call_rel_position": mean_relative,
         "interactive_turns": interactive_turns.double().mean().item(),
     }
+
+
+class ToolCallCounter:
+    """Per completion of a padded batch, (B, 4) long: action tokens before the first tool call (-1 for none), action
+    tokens, calls and interactive turns; by `pattern` on the decoded text when given
+    (:func:`regex_tool_call_positions`), else by the `opener`'s tokens (:func:`first_tool_call_positions`). Both
+    trainers count with it: the synchronous one on TRL's batch, the asynchronous one on its samples laid out from
+    their first completion token."""
+
+    def __init__(self, tokenizer: Any, opener: str, pattern: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.pattern = pattern
+        self.call_token_ids = resolve_call_token_ids(tokenizer, opener) if pattern is None else []
+        # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
+        self._whitespace_token_ids: set[int] | None = None
+
+    def __call__(
+        self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, tool_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`completion_ids`, `completion_mask` (0: padding) and `tool_mask` (0: inserted tool output; None without
+        tools): (B, T), right-padded, as in TRL's batch."""
+        if self.pattern is not None:
+            stats = regex_tool_call_positions(
+                None, completion_ids, self.tokenizer, self.pattern, tool_mask, completion_mask=completion_mask
+            )
+        else:
+            if self._whitespace_token_ids is None:
+                self._whitespace_token_ids = resolve_whitespace_token_ids(self.tokenizer)
+            stats = first_tool_call_positions(
+                completion_ids, tool_mask, completion_mask, self.call_token_ids, self._whitespace_token_ids
+            )
+        return torch.stack(stats, dim=1)

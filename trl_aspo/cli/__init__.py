@@ -1,1 +1,2 @@
-"""The `trl-aspo` command line: `train`, `evaluate`, `values`, `compare`, `plot` (entry point: `trl_aspo.cli.main:main`)."""
+"""The `trl-aspo` command line: `train`, `evaluate`, `values`, `compare`, `plot`
+(entry point: `trl_aspo.cli.main:main`)."""

@@ -49,7 +49,8 @@ EVALUATION_KEYS = {
 # Set by `compare` itself for each run.
 RESERVED_KEYS = ("seed", "output_dir")
 SUMMARY_FILE = "run_summary.json"
-# trl_aspo.algorithms.weight_map.WEIGHT_MAP_FILE, named here because that module imports torch and `plot` does not need it.
+# trl_aspo.algorithms.weight_map.WEIGHT_MAP_FILE, named here because that module imports torch and `plot` does not
+# need it.
 WEIGHT_MAP_FILE = "weight_map.json"
 # Logged metrics whose end-of-training value goes into the table (when logged).
 TABLE_METRICS = ("reward", "entropy", "tools/first_call_position", "tools/tool_call_frac", "zero_advantage_share")

@@ -405,7 +405,7 @@ def run(
         trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
     else:
         trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
-    if training_args.max_steps <= 0 or getattr(trainer, "_epoch_stop_groups", None) is not None:
+    if training_args.max_steps <= 0 or getattr(trainer, "epoch_stop_groups", None) is not None:
         trainer.accelerator.print(training_length_message(trainer, train_dataset))
     use_console_progress(trainer, callbacks)
     report = None
@@ -464,7 +464,7 @@ def training_length_message(trainer, train_dataset) -> str:
     ceil(num_train_epochs * N) prompt groups instead (its max_steps is then only a ceiling)."""
     args = trainer.args
     epochs, prompts = args.num_train_epochs, len(train_dataset)
-    stop_groups = getattr(trainer, "_epoch_stop_groups", None)
+    stop_groups = getattr(trainer, "epoch_stop_groups", None)
     if stop_groups is not None:
         return (
             f"max_steps is not set: training num_train_epochs={epochs:g} epochs over {prompts} prompts, i.e. until "

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
-from trl_aspo.evaluation.tool_use import evaluate_tool_use
-
-# The attention AsyncGRPOTrainer loads its policy with (trl.experimental.async_grpo.packing.TREE_ATTENTION): it needs
-# the packed batch's tree indices, which generation does not have.
-PACKED_TREE_ATTENTION = "tree_fa3"
+from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
 
 SUMMARY_ROWS = (
     ("held-out accuracy", "accuracy", "{:.1%}"),
@@ -63,21 +58,6 @@ def heldout_settings(args, samples_per_problem: int, temperature: float) -> dict
         "call_opener": args.tool_call_opener,
         "seed": args.seed,
     }
-
-
-@contextlib.contextmanager
-def generation_attention(model):
-    """Run generation with standard attention ('sdpa') on a model set up for TRL's packed tree attention (the
-    asynchronous trainer's policy), restoring it afterwards; any other model is used as it is."""
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation != PACKED_TREE_ATTENTION:
-        yield model
-        return
-    model.set_attn_implementation("sdpa")
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation(implementation)
 
 
 class BeforeAfterReport:

@@ -16,6 +16,7 @@ measured here are the ones the trainer optimizes:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -28,7 +29,11 @@ from trl.chat_template_utils import parse_response
 from trl_aspo.algorithms.shaping import is_correct
 from trl_aspo.algorithms.tool_metrics import is_model_text
 
-__all__ = ["evaluate_tool_use", "tool_suffix_ids"]
+__all__ = ["evaluate_tool_use", "generation_attention", "tool_suffix_ids"]
+
+# The attention AsyncGRPOTrainer loads its policy with (trl.experimental.async_grpo.packing.TREE_ATTENTION): it needs
+# the packed batch's tree indices, which generation does not have.
+PACKED_TREE_ATTENTION = "tree_fa3"
 
 
 def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list[int]:
@@ -290,3 +295,18 @@ def evaluate_tool_use(
         "num_samples": num_samples,
         "records": records,
     }
+
+
+@contextlib.contextmanager
+def generation_attention(model):
+    """Run generation with standard attention ('sdpa') on a model set up for TRL's packed tree attention (the
+    asynchronous trainer's policy), restoring it afterwards; any other model is used as it is."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation != PACKED_TREE_ATTENTION:
+        yield model
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(implementation)

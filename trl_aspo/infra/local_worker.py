@@ -181,7 +181,8 @@ class LocalRolloutWorker:
         self._heartbeat = SharedValue(time.time())
         self._failed = threading.Event()
         self._exception_info: queue.Queue = queue.Queue(maxsize=1)
-        # The loop is built at `start` from these, so a prompt stream can be attached first (trl_aspo.infra.prompt_stream).
+        # The loop is built at `start` from these, so a prompt stream can be attached first
+        # (trl_aspo.infra.prompt_stream).
         self._loop_kwargs = dict(
             policy=self.policy,
             policy_lock=self.policy_lock,

@@ -8,8 +8,9 @@ priority under the trainer's value tracker (`trl_aspo.values.sampler.priority_we
     w_x = sqrt(v_x (1 - v_x)) + epsilon
 
 so prompts the policy always or never solves (no learning signal) are drawn rarely but never starved.
-`PromptPriorities.effective_prompts` is `trl_aspo.values.sampler.effective_num_prompts` of the weights, ``(sum w)^2 / sum
-w^2``. Each group draws one row on its own (there are no rounds here), so a prompt may come back in the next group.
+`PromptPriorities.effective_prompts` is `trl_aspo.values.sampler.effective_num_prompts` of the weights,
+``(sum w)^2 / sum w^2``. Each group draws one row on its own (there are no rounds here), so a prompt may come back
+in the next group.
 
 The draw of group ``g`` is a pure function of ``(seed, g, w)``: a generator seeded from ``(seed, g)`` picks one row
 by ``torch.multinomial`` on the weights at that moment. Group indices count from TRL's ``dataset_start_index`` (the

@@ -22,7 +22,8 @@ With ``deferred=True`` the sampler only yields placeholder slots in the same lay
 ``0 .. batch_size - 1``) and the caller draws each round with :meth:`draw` when it dispatches that round: the
 draw of round ``r`` is then a pure function of ``(seed, r, weights at dispatch)``, whatever the loader read
 ahead or skipped, so a run resumed at round ``r`` draws what the uninterrupted run drew (as TRL's
-``RepeatSampler``, a pure function of seed and position). :class:`trl_aspo.trainers.aspo_trainer.ASPOTrainer` draws this way.
+``RepeatSampler``, a pure function of seed and position). :class:`trl_aspo.trainers.aspo_trainer.ASPOTrainer` draws
+this way.
 
 Incremental weights. :meth:`update_values` recomputes the weights of the given rows only; under both trackers a
 prompt's value changes only when an outcome of it is observed (SPO++ ages the prior and every outcome of a prompt

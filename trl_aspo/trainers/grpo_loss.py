@@ -1,0 +1,160 @@
+"""`ASPOTrainer`'s loss: `aspo_loss` (trl_aspo.trainers.loss_assembly, shared with AsyncASPOTrainer) inside
+GRPOTrainer's loss pipeline (its forward pass, masks, vLLM IS correction and KL), TRL's own loss with the weight map,
+and the adaptive KL coefficient (docs/asymmetric_loss.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from trl_aspo.trainers.loss_assembly import AspoLossInputs, aspo_loss, log_aspo_token_metrics
+from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
+
+# Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
+_FORWARD_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def action_mask(inputs) -> torch.Tensor:
+    """(B, T) the tokens the loss trains on: completion tokens the model wrote (tool outputs masked out)."""
+    completion_mask = inputs["completion_mask"]
+    return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+
+
+class GRPOLossMixin(WeightMapMixin):
+    """The loss methods of `ASPOTrainer` (a `GRPOTrainer`): `_compute_loss` (TRL picks its per-token term inline, so
+    the aspo branch replaces the method) and `_get_per_token_logps_and_entropies` (hands TRL's own loss's log-probs
+    to the weight map)."""
+
+    # While TRL's own loss runs with log_weight_map: the current log-probs its forward pass computes.
+    _weight_map_logps: list[torch.Tensor] | None = None
+
+    def _compute_loss(self, model, inputs):
+        if self.loss_type == "aspo":
+            return self._compute_aspo_loss(model, inputs)
+        if not self._collects_weight_map(inputs):
+            return super()._compute_loss(model, inputs)
+        # TRL's loss computes the current log-probs inline: `_get_per_token_logps_and_entropies` hands them out.
+        self._weight_map_logps = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+            (per_token_logps,) = self._weight_map_logps
+        finally:
+            self._weight_map_logps = None
+        self._add_clipped_ratio_weight_map(
+            inputs["old_per_token_logps"], per_token_logps, inputs["advantages"], action_mask(inputs), self.args.delta
+        )
+        return loss
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._weight_map_logps is not None:
+            self._weight_map_logps.append(result[0].detach())
+        return result
+
+    def _collects_weight_map(self, inputs) -> bool:
+        """Whether this micro-batch enters the weight map: training passes with behaviour log-probs (off-policy or
+        vLLM-corrected; TRL leaves them out on-policy, where r = 1 and every weight is 1)."""
+        return self._weight_map is not None and self.model.training and inputs.get("old_per_token_logps") is not None
+
+    def _compute_aspo_loss(self, model, inputs):
+        """`aspo_loss` (shared with AsyncASPOTrainer) on TRL's forward pass, with TRL's masks, its vLLM IS correction
+        and its KL term, aggregated over one accumulation window as TRL's dapo (token) or grpo (sequence)."""
+        mode = "train" if self.model.training else "eval"
+        mask = action_mask(inputs)
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),
+            inputs["completion_ids"].size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _FORWARD_KEYS},
+        )
+        advantages = inputs["advantages"]
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+        factor = torch.ones_like(per_token_logps)
+        if self.off_policy_mask_threshold is not None:
+            factor = factor * self.get_off_policy_mask(
+                advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if self.top_entropy_quantile < 1.0:
+            factor = factor * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            factor = factor * inputs["importance_sampling_ratio"]
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        normalizer, divisor = None, accumulation
+        if self.args.aspo_aggregation == "token":
+            # `num_items_in_batch` spans the generation batch: rescale to one accumulation window, as TRL's dapo.
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            divisor = 1.0
+        out = aspo_loss(
+            AspoLossInputs(
+                per_token_logps,
+                old_per_token_logps,
+                advantages,
+                mask,
+                entropies=entropies,
+                unflipped=inputs.get("aspo_unflipped"),
+                factor=factor,
+                ref_log_probs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
+                kl_coef=self._aspo_kl_coef,
+            ),
+            self.args,
+            self.state.global_step,
+            self.epsilon_low,
+            self.epsilon_high,
+            normalizer,
+            divisor,
+        )
+        if self._collects_weight_map(inputs):
+            self._add_aspo_weight_map(old_per_token_logps, per_token_logps, advantages, mask, out.stats)
+        loss = out.loss
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+        self._log_aspo_metrics(mode, out, entropies, mask)
+        return loss
+
+    def _log_aspo_metrics(self, mode, out, entropies, mask) -> None:
+        """`aspo/*` as ratios over the logging window (`log_aspo_token_metrics`, shared); `entropy`, `kl` and
+        `policy_loss` per micro-batch, as GRPOTrainer logs them."""
+        sums = [(entropies.detach() * mask).sum(), out.aggregated]
+        if out.per_token_kl is not None:
+            sums.append((out.per_token_kl.detach() * mask).sum())
+        totals, tokens = log_aspo_token_metrics(self._metrics[mode], self.accelerator, out.stats, mask, *sums)
+        metrics = self._metrics[mode]
+        metrics["entropy"].append(totals[0] / max(tokens, 1.0))
+        metrics["policy_loss"].append(totals[1] / self.accelerator.num_processes)
+        if out.per_token_kl is not None:
+            metrics["kl"].append(totals[2] / max(tokens, 1.0))
+            metrics["aspo/kl_coef"].append(self._aspo_kl_coef)
+        if mode == "train" and self.args.aspo_adaptive_kl_beta is not None:
+            self._update_adaptive_kl(totals[0], tokens)
+
+    def _update_adaptive_kl(self, entropy_sum: float, token_count: float) -> None:
+        """Raise the KL coefficient for the next optimizer step while the step's mean entropy is below target."""
+        window = (entropy_sum, token_count)
+        if self._aspo_entropy_window is not None:
+            window = (self._aspo_entropy_window[0] + entropy_sum, self._aspo_entropy_window[1] + token_count)
+        self._aspo_entropy_window = window
+        if not self.accelerator.sync_gradients:
+            return
+        low = window[0] / max(window[1], 1.0) < self.args.aspo_adaptive_kl_entropy_target
+        self._aspo_kl_coef = self.args.aspo_adaptive_kl_beta if low else self.beta
+        self._aspo_entropy_window = None

@@ -1,0 +1,114 @@
+"""`ASPOTrainer`'s value pre-pass (`value_init_samples`): the tracker's priors from completions of the starting
+policy, generated and scored by GRPOTrainer's own `_generate` and `_calculate_rewards`, counted by
+`init_values_from_samples` (shared with AsyncASPOTrainer)."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import torch
+from datasets import IterableDataset
+from tqdm.auto import tqdm
+
+from trl_aspo.values.single_stream import dataset_prompt_keys, init_values_from_samples, tracker_rewards
+from trl_aspo.values.tracker import EventValueTracker
+from trl_aspo.values.value_init import prepass_plan
+
+
+class GRPOValuePrepassMixin:
+    """`train` (runs the pre-pass before TRL's loop on a fresh start) and the pre-pass itself."""
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None):
+        """`Trainer.train`, preceded on a fresh start by the value pre-pass when `value_init_samples > 0`.
+
+        A resumed run restores its tracker from the checkpoint instead, and a trainer that has already dispatched
+        (a second `train()` call) keeps the tracker it has."""
+        if (
+            self._value_tracker is not None
+            and self.args.value_init_samples > 0
+            and not resume_from_checkpoint
+            and self._value_event == 0
+        ):
+            self._value_init_prepass()
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    @torch.no_grad()
+    def _value_init_prepass(self) -> None:
+        """Initialize the tracker from `value_init_samples` completions per training prompt of the starting policy
+        (`init_values_from_samples`, shared with AsyncASPOTrainer).
+
+        Generation and scoring are TRL's own (`_generate`, `_calculate_rewards`) with the training sampling settings,
+        one generation batch at a time: each rank takes its contiguous share of the batch, and the rewards come back
+        gathered in process-major order, i.e. in plan order. Runs before `accelerator.prepare`, on the model as
+        given. TRL's metrics and pending reward-function logs of the pre-pass are discarded."""
+        if self.environment_factories is not None:
+            raise ValueError(
+                "ASPOConfig.value_init_samples does not support `environment_factory` (environments own the rollout "
+                "state); initialize the tracker with value_init_file instead."
+            )
+        dataset = self.train_dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
+            raise ValueError(
+                "ASPOConfig.value_init_samples needs a map-style `datasets.Dataset` to enumerate prompts."
+            )
+        if {"image", "images"} & set(dataset.column_names):
+            raise ValueError("ASPOConfig.value_init_samples does not support image datasets; use value_init_file.")
+        keys = dataset_prompt_keys(dataset, self.args)
+        first_rows = {}
+        for index, key in enumerate(keys):
+            first_rows.setdefault(key, index)
+        per_rank = self.args.per_device_train_batch_size * self.args.steps_per_generation
+        span = per_rank * self.accelerator.num_processes
+        plan = prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
+        sample_keys, outcomes = [], []
+        saved_metrics = copy.deepcopy(self._metrics)
+        was_training = self.model.training
+        self.model.train()  # sample as training does (TRL picks the train-mode settings from `model.training`)
+        rank = self.accelerator.process_index
+        try:
+            batches = range(0, len(plan), span)
+            for start in tqdm(
+                batches, desc="value pre-pass", unit="batch", disable=not self.accelerator.is_main_process
+            ):
+                chunk = plan[start : start + span]
+                rewards = self._prepass_rewards(
+                    [dataset[row] for row, _ in chunk[rank * per_rank : (rank + 1) * per_rank]]
+                )
+                for (row, counted), reward in zip(chunk, rewards.tolist(), strict=True):
+                    if counted:
+                        sample_keys.append(keys[row])
+                        outcomes.append(reward)
+        finally:
+            self.model.train(was_training)
+            self._metrics = saved_metrics
+            self._pending_extra_logs.clear()
+            self._pending_metrics.clear()
+        event = self._value_event if isinstance(self._value_tracker, EventValueTracker) else None
+        init_values_from_samples(self._value_tracker, list(first_rows), sample_keys, outcomes, self.args, event)
+        self._refresh_priorities(full=True)
+
+    def _prepass_rewards(self, inputs: list[dict]) -> torch.Tensor:
+        """One completion per row of `inputs` with TRL's generation; total rewards gathered across ranks, mapped
+        to [0, 1] as the tracker sees them (NaN where every reward function returned None)."""
+        prompts = [row["prompt"] for row in inputs]
+        if self.tools:
+            # TRL's tool loop reads each rollout's tools from per-rollout dicts that `_generate_and_score_completions`
+            # builds; without environments they hold the standalone tools.
+            standalone = self._standalone_tools
+            sync_tools = {tool.__name__: tool for tool in standalone if not inspect.iscoroutinefunction(tool)}
+            async_tools = {tool.__name__: tool for tool in standalone if inspect.iscoroutinefunction(tool)}
+            self._sync_tool_dicts = [sync_tools] * len(inputs)
+            self._async_tool_dicts = [async_tools] * len(inputs)
+        _, completion_ids, _, completions, _, extra_fields, _, _ = self._generate(prompts)
+        # As TRL does before scoring: a rollout function's extra fields become reward-function columns.
+        for index, row in enumerate(inputs):
+            for name, values in extra_fields.items():
+                if not isinstance(values, list):
+                    row[name] = values
+                elif index < len(values):
+                    row[name] = values[index]
+        rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return tracker_rewards(rewards, self.args).cpu()

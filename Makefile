@@ -10,7 +10,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install install-vllm quickstart quickstart-async smoke test test-vllm lint
+.PHONY: install install-vllm quickstart quickstart-async smoke test test-fast test-vllm lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ quickstart-async: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/trl-aspo train --config configs/smoke.yaml
 
+# The whole suite (tests/unit and tests/integration), naming the 15 slowest tests at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
+
+# The unit tier only: pure functions and small objects, no training (well under a minute).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .

@@ -58,15 +58,9 @@ def measure(kind: str, args: argparse.Namespace, output_dir: str) -> tuple[float
     """(completions per second, CPU seconds per completion) of one `trainer.train()` of `kind`."""
     from transformers.trainer_callback import PrinterCallback
 
-    from trl_aspo.cli.train import (
-        BUILTIN_REWARDS,
-        BUILTIN_TOOLS,
-        build_async_trainer,
-        build_sync_trainer,
-        load_datasets,
-        parse_config,
-        resolve_callable,
-    )
+    from trl_aspo.builtin.registry import BUILTIN_REWARDS, BUILTIN_TOOLS
+    from trl_aspo.cli.parsers import load_datasets, resolve_callable
+    from trl_aspo.cli.train import build_async_trainer, build_sync_trainer, parse_config
 
     config = {
         **COMMON,

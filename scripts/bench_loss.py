@@ -5,7 +5,7 @@ The variants run on the same (B, T) inputs in one process:
 - ``trl surrogate``: TRL's ``coef_1 = exp(lp - old)``, ``coef_2 = clamp(coef_1, 1-el, 1+eh)``,
   ``-min(coef_1*A, coef_2*A)``, the baseline every ratio is relative to;
 - ``aspo fused``: :func:`trl_aspo.algorithms.losses.asymmetric_policy_loss` (one autograd Function);
-- ``aspo plain ops``: the DESIGN.md expressions written with ordinary autograd ops, to show what the fusion saves;
+- ``aspo plain ops``: the docs/design.md expressions written with ordinary autograd ops, to show what the fusion saves;
 - ``trl surrogate + metrics`` / ``aspo fused + metrics``: each loss together with what its trainer computes for its
   logged metrics per micro-batch: GRPOTrainer's entropy mean and clip means (low, high, region; per-sequence min/max),
   each read back with ``.item()``; ASPOTrainer's entropy, clip and dual-clip fractions, flipped weight and policy

@@ -1,7 +1,7 @@
-"""Regenerate the README's configuration reference from ASPOConfig's help texts.
+"""Regenerate the configuration reference (docs/configuration.md) from ASPOConfig's help texts.
 
-python scripts/config_reference.py          # rewrite the block between the markers in README.md
-python scripts/config_reference.py --check  # exit 1 if README.md is out of date (run by the tests)
+python scripts/config_reference.py          # rewrite the block between the markers in docs/configuration.md
+python scripts/config_reference.py --check  # exit 1 if docs/configuration.md is out of date (run by the tests)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from trl import GRPOConfig
 
 from trl_aspo import ASPOConfig
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+REFERENCE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
 
 
@@ -32,18 +32,18 @@ def reference_table() -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="only check that README.md is up to date")
+    parser.add_argument("--check", action="store_true", help="only check that docs/configuration.md is up to date")
     args = parser.parse_args()
-    text = README.read_text()
+    text = REFERENCE.read_text()
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     updated = f"{head}{BEGIN}\n{reference_table()}\n{END}{tail}"
     if args.check:
         if updated != text:
-            print("README.md's configuration reference is stale: run `python scripts/config_reference.py`.")
+            print("docs/configuration.md is stale: run `python scripts/config_reference.py`.")
             return 1
         return 0
-    README.write_text(updated)
+    REFERENCE.write_text(updated)
     return 0
 
 

@@ -33,8 +33,8 @@ design, the value tracker is a host-side table of float64 by design), and checks
 trainers' loss and advantages in the real step.
 
 `--small` (automatic without CUDA) runs the same on CPU in float32 with hidden 64, 2 layers, a 4,096-entry
-vocabulary and 64-token completions, so the script is tested without a GPU (tests/test_gpu_check.py); a CPU ratio
-says little about the GPU one.
+vocabulary and 64-token completions, so the script is tested without a GPU (tests/integration/test_gpu_check.py); a
+CPU ratio says little about the GPU one.
 
 Running it on the GPU machine (Python 3.12, no network; torch, transformers, accelerate, peft, pyarrow, pandas are
 preinstalled; trl, datasets, dill, multiprocess and this package are not): build the wheels here with

@@ -6,7 +6,7 @@ import importlib.util
 import os
 
 import pytest
-from tiny_fields import tiny_run_fields
+from helpers import tiny_run_fields
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -22,6 +22,14 @@ def tiny_tokenizer():
     from trl_aspo.builtin import build_tokenizer
 
     return add_response_schema(build_tokenizer())
+
+
+@pytest.fixture(scope="session", name="calculator_tokenizer")
+def calculator_tokenizer_fixture():
+    """The built-in checkpoint's tokenizer with TRL's response schema (`helpers.calculator_tokenizer`), once."""
+    from helpers import calculator_tokenizer
+
+    return calculator_tokenizer()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def run(spec: dict, result_path: Path) -> None:
     import torch
-    from dense_reward import digit_share_reward
+    from helpers import digit_share_reward
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer

@@ -9,8 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from async_common import MODEL, async_fields, calculator_tokenizer
-from dense_reward import digit_share_reward
+from helpers import MODEL, async_fields, calculator_tokenizer, digit_share_reward
 from safetensors.torch import load_file
 from vllm_common import (
     LOGPROB_TOLERANCE,

@@ -1,5 +1,5 @@
-"""trl_aspo.infra.prompt_stream on TRL's own rollout worker (it needs vLLM to be constructed) and its spawned process against
-the real vLLM server: loop attachment, prioritized draws from shared weights, first-dispatch stamps."""
+"""trl_aspo.infra.prompt_stream on TRL's own rollout worker (it needs vLLM to be constructed) and its spawned process
+against the real vLLM server: loop attachment, prioritized draws from shared weights, first-dispatch stamps."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ import pickle
 
 import pytest
 import torch
-from async_common import MODEL, async_fields, calculator_tokenizer
-from test_prompt_stream import certain_half_init_file, prioritized_fields, recording_scores
+from helpers import (
+    MODEL,
+    async_fields,
+    calculator_tokenizer,
+    certain_half_init_file,
+    prioritized_fields,
+    recording_scores,
+)
 
 from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
 from trl_aspo.infra.prompt_stream import (
@@ -99,7 +105,7 @@ def test_trl_worker_process_draws_from_the_shared_weights(vllm_server, tmp_path,
         others = [key for key in trainer._dataset_keys if key != revived]
         trainer._scorer.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
         trainer._scorer.tracker.set_pseudo_counts([revived], [0.5], [0.5])
-        trainer._after_tracker_restored()
+        trainer._refresh_priorities(trainer._dataset_keys)
 
     trainer.rollout_worker.start = spawn_then_swap_certainty
     samples = recording_scores(trainer)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_run_fields
 from safetensors.torch import load_file
-from tiny_fields import tiny_run_fields
 from vllm_common import LOGPROB_TOLERANCE
 
 from trl_aspo.builtin import CHECKPOINT_DIR
@@ -106,7 +106,7 @@ def test_vllm_correction_multiplies_the_asymmetric_term(vllm_server, tmp_path, m
     """In a server-mode run with TRL's correction on and a second pass over each batch (so r != 1): the flip's old
     policy is the trainer's recomputation, and the per-token loss that is aggregated is `c * aspo term`, with
     `c = min(exp(lp_old - lp_vllm), 3)` computed here from the batch."""
-    from dense_reward import digit_share_reward
+    from helpers import digit_share_reward
     from transformers import AutoModelForCausalLM
 
     import trl_aspo.trainers.loss_assembly as aspo_trainer

@@ -1,9 +1,9 @@
 """The checks and help of `trl-aspo train` / `evaluate` command lines, run before torch or TRL is imported.
 
 A command line is a `--config` YAML file plus `--key value` flags over the fields of the dataclasses
-`trl_aspo.cli.train.config_classes(trainer)` returns. Every mistake in it (a missing file, an unknown key in the YAML or
-as a flag, a key of the other trainer, a value its field's type or choices refuse, a scalar where a list belongs, a
-local-looking path that does not exist) is collected into one `ConfigurationError`, which `report` prints as one
+`trl_aspo.cli.parsers.config_classes(trainer)` returns. Every mistake in it (a missing file, an unknown key in the YAML
+or as a flag, a key of the other trainer, a value its field's type or choices refuse, a scalar where a list belongs,
+a local-looking path that does not exist) is collected into one `ConfigurationError`, which `report` prints as one
 block and exits with status 2: no traceback, and before any model loads.
 
 The fields come from `train_fields.json`, a table generated from the dataclasses (`python -m trl_aspo.cli.arguments
@@ -69,22 +69,10 @@ def installed_versions() -> dict[str, str]:
 def build_field_table() -> dict[str, Any]:
     """The field table, from the dataclasses and the parser `trl-aspo train` builds (imports torch and TRL)."""
     import dataclasses
-    import inspect
-    import re
 
-    from trl_aspo.cli.train import TRAINERS, config_classes, make_parser
-    from trl_aspo.config import aspo_config as config_module
+    from trl_aspo.cli.parsers import TRAINERS, config_classes, make_parser
+    from trl_aspo.config.fields import field_spec
 
-    # The method sections of ASPOFieldsMixin, from its `# --- Title ---` comments: help groups by method.
-    sections, section = {}, "trl-aspo"
-    for line in inspect.getsource(config_module.ASPOFieldsMixin).splitlines():
-        title = re.match(r"\s*# --- (.+?) -+$", line)
-        if title:
-            section = title.group(1)
-        name = re.match(r"    (\w+): .*= field\(", line)
-        if name:
-            sections[name.group(1)] = section
-    loss_section = sections["aspo_dual_clip"]
     titles = {
         "ASPOScriptArguments": "trl-aspo: what to train on, evaluation and trainer choice (ASPOScriptArguments)",
         "AsyncModelArguments": "trl-aspo: the model (AsyncModelArguments)",
@@ -92,10 +80,12 @@ def build_field_table() -> dict[str, Any]:
         "AsyncASPOConfig": "TRL AsyncGRPOConfig and transformers TrainingArguments",
     }
 
-    def group(cls, name: str) -> str:
-        # `loss_type` (TRL's field in ASPOConfig) goes with the loss: its value 'aspo' switches it on.
-        if name in sections or name == "loss_type":
-            return f"trl-aspo: {sections.get(name, loss_section)}"
+    def group(cls, config_field) -> str:
+        # trl-aspo's fields by the section each is declared in (trl_aspo.config.fields): help groups by method.
+        # `loss_type` (TRL's field in ASPOConfig) is declared with the loss: its value 'aspo' switches it on.
+        spec = field_spec(config_field)
+        if spec is not None:
+            return f"trl-aspo: {spec.section.title}"
         return titles.get(cls.__name__, f"TRL {cls.__name__}")
 
     def kind(action) -> str:
@@ -128,7 +118,7 @@ def build_field_table() -> dict[str, Any]:
                     {
                         "name": config_field.name,
                         "owner": cls.__name__,
-                        "group": group(cls, config_field.name),
+                        "group": group(cls, config_field),
                         "kind": kind(main),
                         "choices": None if main.choices is None else [jsonable(c) for c in main.choices],
                         "list": main.nargs == "+",
@@ -442,7 +432,8 @@ def _entry(usage: str, text: str, width: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m trl_aspo.cli.arguments --write` regenerates train_fields.json; `--check` says whether it is current."""
+    """`python -m trl_aspo.cli.arguments --write` regenerates train_fields.json; `--check` says whether it is
+    current."""
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--write"]:
         write_field_table()

@@ -59,7 +59,7 @@ HELDOUT_METRICS = (
     ("tool_call_rate", "held-out tool-call rate"),
     ("mean_first_call_position", "held-out first-call position"),
 )
-# Table rows that are fractions, shown as percentages as in the README (results.json keeps the fractions).
+# Table rows that are fractions, shown as percentages as in docs/experiments.md (results.json keeps the fractions).
 PERCENT_ROWS = ("held-out accuracy", "held-out tool-call rate")
 
 
@@ -319,7 +319,8 @@ def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict
 def evaluate_heldout(experiment: Experiment, parsed: tuple, model, tokenizer, seed: int) -> dict:
     """Tool-use summary of `model` on the held-out split of a run config parsed into (script, training, dataset)
     arguments, with the reward, tools and completion budget training uses (`evaluation.evaluate_tool_use`)."""
-    from trl_aspo.cli.train import BUILTIN_REWARDS, BUILTIN_TOOLS, load_datasets, resolve_callable
+    from trl_aspo.builtin.registry import BUILTIN_REWARDS, BUILTIN_TOOLS
+    from trl_aspo.cli.parsers import load_datasets, resolve_callable
     from trl_aspo.evaluation.tool_use import evaluate_tool_use
 
     script_args, training_args, dataset_args = parsed
@@ -497,7 +498,7 @@ def results_table(results: dict[str, list[dict]], metrics: list[str], initial: d
 
 
 def _cell(mean: float, sd: float, percent: bool = False) -> str:
-    """'0.412 ± 0.031', or '41.2% ± 3.1' (sd in percentage points, as the README's tables) for a fraction shown
+    """'0.412 ± 0.031', or '41.2% ± 3.1' (sd in percentage points, as docs/experiments.md tables) for a fraction shown
     as a percentage; 'n/a' for no number."""
     if mean is None or math.isnan(mean):
         return "n/a"

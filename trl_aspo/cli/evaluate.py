@@ -166,7 +166,8 @@ def format_table(metrics: dict[str, Any]) -> str:
 
 def _select_split(script_args, dataset_args, split: str | None):
     """The evaluation split: the built-in task's `train`/`test`, or a named split of any other dataset."""
-    from trl_aspo.cli.train import BUILTIN_DATASETS, load_datasets
+    from trl_aspo.builtin.registry import BUILTIN_DATASETS
+    from trl_aspo.cli.parsers import load_datasets
 
     if script_args.dataset_name in BUILTIN_DATASETS:
         split = split or "test"
@@ -210,15 +211,9 @@ def main(argv: list[str]) -> int:
 
         import torch
 
-        from trl_aspo.cli.train import (
-            BUILTIN_DATASET,
-            BUILTIN_DATASETS,
-            BUILTIN_REWARDS,
-            MULTICALL_DATASET,
-            make_parser,
-            parse_checked,
-            resolve_functions,
-        )
+        from trl_aspo.builtin.registry import BUILTIN_DATASET, BUILTIN_DATASETS, BUILTIN_REWARDS, MULTICALL_DATASET
+        from trl_aspo.cli.parsers import make_parser
+        from trl_aspo.cli.train import parse_checked, resolve_functions
         from trl_aspo.evaluation.report import correctness_reward, heldout_settings
         from trl_aspo.evaluation.tool_use import evaluate_tool_use
 

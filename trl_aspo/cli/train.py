@@ -12,153 +12,24 @@ config's `dtype` and `model_init_kwargs`).
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import sys
-from dataclasses import dataclass, field
 
-from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
+from trl_aspo.builtin.registry import BUILTIN_REWARDS, BUILTIN_TOOLS
 from trl_aspo.cli.arguments import ConfigurationError, check_command_line, config_path, read_config, report
 from trl_aspo.cli.arguments import requested_trainer as _requested_trainer
+from trl_aspo.cli.parsers import (
+    TRAINERS,
+    check_choice,
+    check_keys_for_trainer,
+    load_datasets,
+    make_parser,
+    resolve_callable,
+)
 from trl_aspo.config.aspo_config import ASPOConfig
-
-TRAINERS = {
-    "sync": "ASPOTrainer, on TRL's GRPOTrainer loop (config: ASPOConfig)",
-    "async": "AsyncASPOTrainer, on TRL's experimental AsyncGRPOTrainer (config: AsyncASPOConfig)",
-}
-ROLLOUT_WORKERS = {
-    "auto": "'local' when training on a CPU (use_cpu, or no CUDA device), else 'trl'",
-    "local": "trl_aspo's in-process LocalRolloutWorker with LocalWeightTransfer (CPU, no vLLM, no network)",
-    "trl": "TRL's own rollout worker process with a vLLM server at vllm_server_base_url (GPU)",
-}
-BUILTIN_DATASET = "builtin:calculator"
-MULTICALL_DATASET = "builtin:multicall"
-# Each built-in task: its problem generator and the built-in tool that solves it.
-BUILTIN_DATASETS = {
-    BUILTIN_DATASET: ("trl_aspo.builtin.task.make_dataset", "builtin:calculator"),
-    MULTICALL_DATASET: ("trl_aspo.builtin.multicall.make_dataset", "builtin:one-op-calculator"),
-}
-BUILTIN_REWARDS = {"builtin:correctness": "trl_aspo.builtin.task.correctness_reward"}
-BUILTIN_TOOLS = {
-    "builtin:calculator": "trl_aspo.builtin.task.calculator",
-    # One operation per call (and named `calculator` too, see trl_aspo.builtin.multicall): for builtin:multicall.
-    "builtin:one-op-calculator": "trl_aspo.builtin.multicall.calculator",
-}
-
-
-@dataclass
-class ASPOScriptArguments(ScriptArguments):
-    """What to train on: dataset, reward functions, tools, and the built-in task's sizes and evaluation."""
-
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Reward functions: dotted import paths (e.g. 'my_lib.rewards.correct') or built-in names "
-            f"{sorted(BUILTIN_REWARDS)}. Their `rewards/<name>` metrics use the function names."
-        },
-    )
-    tools: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Tools the model may call through TRL's tool loop: dotted import paths of functions with type "
-            f"hints and a Google-style docstring, or built-in names {sorted(BUILTIN_TOOLS)}."
-        },
-    )
-    builtin_train_size: int = field(
-        default=2000,
-        metadata={"help": f"Training problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
-    )
-    builtin_test_size: int = field(
-        default=200,
-        metadata={"help": f"Held-out problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},
-    )
-    builtin_seed: int = field(default=0, metadata={"help": "Seed of the built-in task's problem generator."})
-    evaluate_before_after: bool = field(
-        default=False,
-        metadata={
-            "help": "Evaluate tool use on the held-out split before and after training, print a before/after "
-            "summary and write it to `<output_dir>/summary.json`."
-        },
-    )
-    eval_samples_per_problem: int = field(
-        default=1, metadata={"help": "Completions per held-out problem in the before/after evaluation (avg@k)."}
-    )
-    eval_temperature: float = field(
-        default=0.0, metadata={"help": "Sampling temperature of the before/after evaluation; 0 = greedy."}
-    )
-    plot: bool = field(default=True, metadata={"help": "Save training curves as `<output_dir>/training_curves.png`."})
-    trainer: str = field(
-        default="sync",
-        metadata={
-            "help": "Which trainer runs: " + "; ".join(f"'{name}' = {text}" for name, text in TRAINERS.items()) + ".",
-            "choices": list(TRAINERS),
-        },
-    )
-    rollout_worker: str = field(
-        default="auto",
-        metadata={
-            "help": "trainer='async' only: who generates the rollouts. "
-            + "; ".join(f"'{name}' = {text}" for name, text in ROLLOUT_WORKERS.items())
-            + ".",
-            "choices": list(ROLLOUT_WORKERS),
-        },
-    )
-    rollout_jitter_s: float = field(
-        default=0.0,
-        metadata={
-            "help": "trainer='async' with the local worker only: each generated turn waits a seeded U(0, "
-            "rollout_jitter_s) seconds first, so samples arrive out of order and stale, as from a real server. "
-            "0 = no delay."
-        },
-    )
-
-    def __post_init__(self):
-        _check_choice("trainer", self.trainer, TRAINERS)
-        _check_choice("rollout_worker", self.rollout_worker, ROLLOUT_WORKERS)
-        if not self.rollout_jitter_s >= 0:
-            raise ValueError(f"rollout_jitter_s={self.rollout_jitter_s}: a delay in seconds, so it must be >= 0.")
-        if self.trainer == "sync":
-            for name, default in (("rollout_worker", "auto"), ("rollout_jitter_s", 0.0)):
-                if getattr(self, name) != default:
-                    raise ValueError(
-                        f"{name}={getattr(self, name)!r} is a setting of the asynchronous trainer, but trainer='sync' "
-                        "generates inside its own loop: set trainer: async, or remove it."
-                    )
-
-
-@dataclass
-class AsyncModelArguments:
-    """The model of a `trainer: async` run. TRL's AsyncGRPOTrainer loads it from a path, with `AsyncASPOConfig`'s
-    `dtype` and `model_init_kwargs`, so `ModelConfig`'s loading, quantization and PEFT fields do not apply."""
-
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A local model directory, a hub id, or 'builtin:tiny-calculator' / 'builtin:tiny-multicall'."
-        },
-    )
-
-
-def _check_choice(name: str, value, choices: dict[str, str]) -> None:
-    if value not in choices:
-        allowed = "; ".join(f"{choice!r} = {text}" for choice, text in choices.items())
-        raise ValueError(f"{name}={value!r} is not one of the choices: {allowed}.")
-
-
-def config_classes(trainer: str = "sync") -> tuple[type, ...]:
-    """The dataclasses a `trl-aspo train` config of this `trainer` fills, in the order the parser returns them."""
-    _check_choice("trainer", trainer, TRAINERS)
-    if trainer == "async":
-        from trl_aspo.config.async_config import AsyncASPOConfig
-
-        return ASPOScriptArguments, AsyncASPOConfig, AsyncModelArguments, DatasetMixtureConfig
-    return ASPOScriptArguments, ASPOConfig, ModelConfig, DatasetMixtureConfig
-
-
-def make_parser(prog: str | None = None, trainer: str = "sync") -> TrlParser:
-    return TrlParser(config_classes(trainer), prog=prog)
 
 
 def config_file(argv: list[str]) -> dict | None:
@@ -179,48 +50,13 @@ def requested_trainer(argv: list[str]) -> str:
     return _requested_trainer(argv, config_file(argv))
 
 
-def check_keys_for_trainer(keys, trainer: str) -> None:
-    """Refuse, by name, a key that only the other trainer's config has (instead of TrlParser's bare "unknown")."""
-    own = {name for cls in config_classes(trainer) for name in cls.__dataclass_fields__}
-    for other in TRAINERS:
-        if other == trainer:
-            continue
-        for key in sorted(set(keys) - own):
-            owner = next((cls for cls in config_classes(other) if key in cls.__dataclass_fields__), None)
-            if owner is not None:
-                raise ValueError(
-                    f"{key!r} is a field of {owner.__name__} (trainer: {other}), which trainer: {trainer} does not "
-                    f"take ({TRAINERS[trainer]}): remove it, or set trainer: {other}."
-                )
-
-
 def parse_config(config: dict):
     """(script_args, training_args, model_args, dataset_args) of a config mapping (the keys of a YAML file), parsed
     as `trl-aspo train --config` parses it, so a value YAML reads as a string (`1e-3`) gets its field's type."""
     trainer = config.get("trainer", "sync")
-    _check_choice("trainer", trainer, TRAINERS)
+    check_choice("trainer", trainer, TRAINERS)
     check_keys_for_trainer(config, trainer)
     return parse_checked(make_parser(trainer=trainer), config, [])
-
-
-def resolve_callable(name: str, builtins: dict[str, str], what: str):
-    """Import `name` (a built-in name or a dotted path), naming the argument in the error."""
-    dotted = builtins.get(name, name)
-    module_name, _, attribute = dotted.rpartition(".")
-    if not module_name:
-        raise ValueError(
-            f"{what} {name!r} is neither a built-in ({sorted(builtins)}) nor a dotted import path like 'pkg.mod.fn'."
-        )
-    # User modules in the working directory are found, after installed packages: a local `matplotlib.py` shadows none.
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{what} {name!r} could not be imported: {error}") from None
-    if not callable(function):
-        raise ValueError(f"{what} {name!r} is a {type(function).__name__} ({function!r}), not a function.")
-    return function
 
 
 def resolve_functions(script_args) -> tuple[list, list]:
@@ -242,28 +78,6 @@ def resolve_functions(script_args) -> tuple[list, list]:
     if problems:
         raise ConfigurationError(problems)
     return resolved["reward_funcs"], resolved["tools"]
-
-
-def load_datasets(script_args: ASPOScriptArguments, dataset_args: DatasetMixtureConfig):
-    """Return (train, test) datasets; the built-in task is generated locally, anything else goes through TRL."""
-    if script_args.dataset_name in BUILTIN_DATASETS:
-        make_dataset = resolve_callable(
-            script_args.dataset_name, {k: v for k, (v, _) in BUILTIN_DATASETS.items()}, "dataset_name"
-        )
-        train = make_dataset("train", script_args.builtin_train_size, seed=script_args.builtin_seed)
-        test = make_dataset("test", script_args.builtin_test_size, seed=script_args.builtin_seed)
-        return train, test
-    from datasets import load_dataset
-    from trl import get_dataset
-
-    if dataset_args.datasets:
-        dataset = get_dataset(dataset_args)
-    elif script_args.dataset_name:
-        dataset = load_dataset(script_args.dataset_name, name=script_args.dataset_config)
-    else:
-        raise ValueError(f"Set `dataset_name` (a dataset name or one of {sorted(BUILTIN_DATASETS)}) or `datasets`.")
-    test = dataset.get(script_args.dataset_test_split)
-    return dataset[script_args.dataset_train_split], test
 
 
 def parse_command_line(argv: list[str]):

@@ -1,5 +1,9 @@
 """`ASPOConfig` (TRL's `GRPOConfig` plus the fields of the three methods) and `AsyncASPOConfig` (TRL's
-`AsyncGRPOConfig` plus the same fields). Public path: `from trl_aspo.config import ASPOConfig, FIELD_BOUNDS`."""
+`AsyncGRPOConfig` plus the same fields). Public path: `from trl_aspo.config import ASPOConfig, FIELD_BOUNDS`.
+
+Each field is declared once, with its help, section, bound, choices, dependencies and checks (trl_aspo.config.fields);
+`FIELD_BOUNDS`, `FIELD_DEPENDENCIES`, `INDEPENDENT_FIELDS`, `DERIVED_DEFAULTS` and `RESUME_FIELDS` are views of the
+declarations."""
 
 from trl_aspo.config.aspo_config import (
     ADVANTAGE_ESTIMATORS,
@@ -9,6 +13,7 @@ from trl_aspo.config.aspo_config import (
     FIELD_BOUNDS,
     FIELD_DEPENDENCIES,
     INDEPENDENT_FIELDS,
+    RESUME_FIELDS,
     SINGLE_STREAM_ESTIMATORS,
     VALUE_RHO_MODES,
     ASPOConfig,
@@ -17,6 +22,7 @@ from trl_aspo.config.aspo_config import (
     Dependency,
     aspo_field_types,
 )
+from trl_aspo.config.fields import Check, Needs, Section, field_spec
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -26,14 +32,19 @@ __all__ = [
     "FIELD_BOUNDS",
     "FIELD_DEPENDENCIES",
     "INDEPENDENT_FIELDS",
+    "RESUME_FIELDS",
     "SINGLE_STREAM_ESTIMATORS",
     "VALUE_RHO_MODES",
     "ASPOConfig",
     "ASPOFieldsMixin",
     "AsyncASPOConfig",
     "Bound",
+    "Check",
     "Dependency",
+    "Needs",
+    "Section",
     "aspo_field_types",
+    "field_spec",
 ]
 
 

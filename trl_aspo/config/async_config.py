@@ -1,38 +1,30 @@
-"""`AsyncASPOConfig`: TRL's experimental `AsyncGRPOConfig` plus the fields of `ASPOConfig`, defined once in
-`ASPOFieldsMixin` (trl_aspo/config.py) so both configs give every field the same name, meaning and validation.
+"""`AsyncASPOConfig`: TRL's experimental `AsyncGRPOConfig` plus the fields of `ASPOConfig`, declared once in
+`ASPOFieldsMixin` (trl_aspo/config/aspo_config.py) so both configs give every field the same name, meaning and
+validation.
 
 `AsyncGRPOConfig` has no `loss_type`; this config adds one: "ppo" (the default, TRL's fixed PPO clip on the
 generator's log-probs) or "aspo". Fields the asynchronous trainer does not act on yet are refused with a message
-naming them (see `ASYNC_UNSUPPORTED_FIELDS`). With every new field at its default, the configuration means exactly
-what the same `AsyncGRPOConfig` means.
+naming them (their declarations say why: `ASYNC_UNSUPPORTED_FIELDS`). With every new field at its default, the
+configuration means exactly what the same `AsyncGRPOConfig` means.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from trl_aspo.config.aspo_config import ASPOFieldsMixin, Dependency
+from trl_aspo.config.aspo_config import ASPO_LOSS, ASPOFieldsMixin
+from trl_aspo.config.fields import ASYNC, check_dependencies, fields_docstring, independent_fields, unsupported_fields
 
 ASYNC_LOSS_TYPES = ("ppo", "aspo")
 
-_NOT_YET = "the asynchronous trainer does not implement it yet"
-ASYNC_UNSUPPORTED_FIELDS = {
-    "aspo_adaptive_kl_beta": "AsyncGRPOTrainer has no KL term (no reference model)",
-    "aspo_adaptive_kl_entropy_target": "AsyncGRPOTrainer has no KL term (no reference model)",
-    "kl_clamp": "AsyncGRPOTrainer has no KL term (no reference model)",
-    "lr_schedule_per_generation": "the asynchronous trainer generates continuously: no rounds to step a schedule by",
-    "overlong_buffer_length": f"{_NOT_YET}; add TRL's soft overlong punishment to reward_funcs instead",
-    "overlong_penalty_factor": _NOT_YET,
-    "value_rho_mode": "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run",
-}
+# The fields the asynchronous trainer cannot honour yet (name -> why), from their declarations' `unsupported`.
+ASYNC_UNSUPPORTED_FIELDS = unsupported_fields(ASPOFieldsMixin, ASYNC)
 
-# ASPOFieldsMixin fields that ASPOConfig checks against other fields and that act on their own here (name -> why).
-ASYNC_INDEPENDENT_FIELDS = {
-    "log_weight_map": "every trained token carries the generator's log-probs, and both loss types have a weight "
-    "(trl_aspo.algorithms.weight_map)",
-}
+# ASPOFieldsMixin fields that ASPOConfig checks against other fields and that act on their own here (name -> why),
+# from their declarations' `independent`.
+ASYNC_INDEPENDENT_FIELDS = independent_fields(ASPOFieldsMixin, ASYNC)
 
 
 @dataclass
@@ -49,34 +41,21 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     the rollout worker's per-group z-score.
     """
 
-    loss_type: str = field(
-        default="ppo",
-        metadata={
-            "help": "Policy loss on the generator's log-probs: 'ppo' = TRL's fixed PPO clip with epsilon / "
-            "epsilon_high (AsyncGRPOTrainer's loss); 'aspo' = the asymmetric IS loss (flipped ratio for positive "
-            "advantages, soft dual clip).",
-            "choices": list(ASYNC_LOSS_TYPES),
-        },
-    )
+    _trainer = ASYNC
 
-    _unsupported_fields = ASYNC_UNSUPPORTED_FIELDS
+    loss_type: str = ASPO_LOSS.field(
+        "ppo",
+        help="Policy loss on the generator's log-probs: 'ppo' = TRL's fixed PPO clip with epsilon / "
+        "epsilon_high (AsyncGRPOTrainer's loss); 'aspo' = the asymmetric IS loss (flipped ratio for positive "
+        "advantages, soft dual clip).",
+        choices=ASYNC_LOSS_TYPES,
+        switch=True,
+    )
 
     def __post_init__(self):
         self._validate_aspo_fields()
         super().__post_init__()
-        self._check_field_dependencies()
-
-    def _config_dependencies(self) -> tuple[Dependency, ...]:
-        return (
-            Dependency(
-                "aspo_unflipped_fraction",
-                ("per_device_train_batch_size", "token_budget"),
-                "aspo_unflipped_fraction x per_device_train_batch_size > 0.5 (or token_budget > 0)",
-                lambda c: c.aspo_unflipped_fraction * c.per_device_train_batch_size > 0.5 or bool(c.token_budget),
-                "round(fraction x a micro-batch's positive-advantage samples) are left unflipped, 0 in every "
-                "micro-batch",
-            ),
-        )
+        check_dependencies(self)
 
     @property
     def scores_on_trainer(self) -> bool:
@@ -88,14 +67,5 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
             or self.filter_zero_variance_groups
         )
 
-    def _validate_loss_coupling(self, require) -> None:
-        require(self.loss_type in ASYNC_LOSS_TYPES, "loss_type", f"must be one of {ASYNC_LOSS_TYPES}")
 
-    def _validate_reward_aggregation(self, require, single_stream: bool) -> None:
-        """AsyncGRPOTrainer sums the reward functions (weight 1 each); the tracker learns that sum."""
-        require(
-            not (self.scores_on_trainer and self.token_budget != 0),
-            "token_budget",
-            "trainer-side scoring normalizes over the samples of one optimizer step, which needs TRL's fixed-count "
-            "batches: set token_budget=0",
-        )
+AsyncASPOConfig.__doc__ += fields_docstring(AsyncASPOConfig)

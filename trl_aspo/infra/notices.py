@@ -13,7 +13,7 @@ def ignore_known_notices() -> None:
 
     TRL 1.16 still calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
     `activation_checkpointing`) whenever a TRL config is built. The asynchronous trainer is TRL's experimental
-    `AsyncGRPOTrainer`, which warns at import that experimental APIs may change: the README says so once."""
+    `AsyncGRPOTrainer`, which warns at import that experimental APIs may change: docs/async.md says so once."""
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r"You are importing from 'trl\.experimental'")
 

@@ -1,5 +1,5 @@
 """Prioritized sampling on the asynchronous rollout worker's prompt stream (SPO++, arXiv 2608.24870; cf. SPO,
-arXiv 2509.13232; DESIGN.md section 4).
+arXiv 2509.13232; docs/design.md section 4).
 
 TRL's rollout worker cycles through the dataset, one prompt group at a time, whenever a generation slot frees up.
 With prioritized sampling each group's prompt is drawn instead, with probability proportional to the prompt's
@@ -30,8 +30,8 @@ What the value tracker needs from the worker (`TrackedRolloutLoop`, attached by 
 prioritized loop is one too), stamped on each row it emits as a `TrackedRolloutSample`:
 
 - `prompt_dispatch_version`: the model version at which the row's prompt was first dispatched for generation, the
-  SPO++ prior's event ``z0`` (DESIGN.md section 4). The worker records it when it hands a group to generation, in a
-  shared-memory table per tracker key (`PromptDispatches`, crossing the spawn like the weights), so it is fixed
+  SPO++ prior's event ``z0`` (docs/design.md section 4). The worker records it when it hands a group to generation,
+  in a shared-memory table per tracker key (`PromptDispatches`, crossing the spawn like the weights), so it is fixed
   before any sample of the prompt can arrive: the anchor never depends on which samples have arrived. The trainer
   checkpoints the table and restores it before the worker starts.
 - `rollout_id`: TRL's id of the conversation a row comes from (`TrainingSequence.rollout_id`, a fresh uuid per

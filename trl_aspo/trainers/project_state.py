@@ -45,7 +45,7 @@ RESUME_RESET = {"advantage_estimator", "prompt_id_column"}
 
 
 def resume_settings(args, train_rows: int | None) -> dict:
-    """The settings a resumed run is compared with (README, "Resuming")."""
+    """The settings a resumed run is compared with (docs/resuming.md)."""
     settings = {name: getattr(args, name) for name in RESUME_FIELDS}
     if settings["value_reward_range"] is not None:
         settings["value_reward_range"] = list(settings["value_reward_range"])
@@ -54,7 +54,7 @@ def resume_settings(args, train_rows: int | None) -> dict:
 
 
 def check_resume_settings(args, saved: dict | None, current: dict, path: str, has_tracker: bool) -> bool:
-    """Compare the checkpoint's settings with this run's (README, "Resuming"); returns whether the tracker starts
+    """Compare the checkpoint's settings with this run's (docs/resuming.md); returns whether the tracker starts
     fresh. Settings that change what the saved state means are refused, the others applied with a warning. A legacy
     state without recorded settings is only checked for the tracker's presence."""
     reset = args.value_reset_on_resume

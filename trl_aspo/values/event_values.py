@@ -1,4 +1,4 @@
-"""SPO++ event-time values for asynchronous rollouts (SPO++, arXiv 2608.24870; DESIGN.md section 4).
+"""SPO++ event-time values for asynchronous rollouts (SPO++, arXiv 2608.24870; docs/design.md section 4).
 
 The policy event of a sample is the model version ``z`` that generated it. The value of prompt ``x`` for a sample
 generated at version ``z`` is ``v(x, z) = alpha / (alpha + beta)`` with::

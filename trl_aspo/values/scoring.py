@@ -108,7 +108,7 @@ def tool_shaping_bias(
 
     Eligible: correct (`scores >= tool_shaping_correct_threshold`; NaN is never correct) with a first tool call
     inside the completion (`0 <= position < length`). Groups are `group_ids` with several completions per prompt
-    and the whole batch with one (`num_generations == 1`), as DESIGN.md section 2 specifies."""
+    and the whole batch with one (`num_generations == 1`), as docs/design.md section 2 specifies."""
     eligible = is_correct(scores.nan_to_num(float("-inf")), args.tool_shaping_correct_threshold).to(positions.device)
     eligible = eligible & (positions >= 0) & (positions < lengths)
     groups = group_ids.long() if args.num_generations > 1 else torch.zeros_like(group_ids, dtype=torch.long)

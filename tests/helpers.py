@@ -1,0 +1,327 @@
+"""What more than one test module needs, in one place: the config fields of a few fast CPU steps, a dense reward, the
+asynchronous trainer's pieces (built-in checkpoint, tool-calling tokenizer, scripted worker), experiment files for
+`trl-aspo compare`, prioritized-sampling fields, and paths of the repository.
+
+Tests import it as `helpers` (tests/conftest.py puts tests/ on sys.path); a configuration that names a reward by
+dotted path uses `tests.helpers.digit_share_reward`. No test module imports another test module. Heavy imports are
+inside the functions, so importing this module stays cheap."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import queue
+import sys
+import textwrap
+from pathlib import Path
+
+from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Scripts the integration tests run as separate processes (accelerate launch).
+WORKERS_DIR = REPO_ROOT / "tests" / "integration" / "workers"
+MODEL = str(CHECKPOINT_DIR)
+
+
+# ---------------------------------------------------------------------------------------------- training fields
+def tiny_run_fields(output_dir, **overrides) -> dict:
+    """`GRPOConfig`/`AsyncGRPOConfig` fields for a short CPU run logging every step; keyword overrides replace any.
+    Shared by the trainer tests (synchronous, asynchronous and multi-process); each test overrides what it is about."""
+    fields = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=16,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+    )
+    fields.update(overrides)
+    return fields
+
+
+def digit_share_reward(completions, **kwargs) -> list[float]:
+    """A dense reward in [0, 1] for tests on the untrained tiny model, whose groups would otherwise rarely carry
+    signal: the share of digit characters in the completion's final text."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in texts]
+
+
+# ---------------------------------------------------------------------------------------- asynchronous trainer
+def calculator_tokenizer():
+    """The built-in tokenizer with TRL's response schema, so TRL's worker parses its tool calls."""
+    from trl.chat_template_utils import add_response_schema
+
+    return add_response_schema(load_tokenizer(CHECKPOINT_DIR))
+
+
+def async_fields(tmp_path, **overrides) -> dict:
+    """Config fields for a few fast CPU steps of TRL's AsyncGRPOTrainer (fixed-count batches); keyword overrides
+    replace any field."""
+    defaults = dict(
+        output_dir=tmp_path / "out", max_steps=3, token_budget=0, max_staleness=2, max_tool_calling_iterations=1
+    )
+    return tiny_run_fields(**{**defaults, **overrides})
+
+
+def async_grpo_config(tmp_path, **overrides):
+    """TRL's plain `AsyncGRPOConfig` with `async_fields`."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    return AsyncGRPOConfig(**async_fields(tmp_path, **overrides))
+
+
+def async_weight_map_config(tmp_path, loss_type, **overrides):
+    """An `AsyncASPOConfig` logging the weight map with `loss_type`."""
+    from trl_aspo import AsyncASPOConfig
+
+    fields = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
+    return AsyncASPOConfig(
+        **async_fields(tmp_path, **{**fields, **overrides}), loss_type=loss_type, log_weight_map=True
+    )
+
+
+def trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_funcs, **worker_options):
+    """`trainer_class` on the built-in checkpoint with the calculator tool, generating with a `LocalRolloutWorker`
+    (`worker_options`: its seed, jitter, ...) that `LocalWeightTransfer` keeps in sync."""
+    from trl_aspo.builtin.task import calculator
+    from trl_aspo.infra import LocalRolloutWorker, LocalWeightTransfer, install_cpu_fallbacks
+
+    install_cpu_fallbacks()
+    worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args, tools=[calculator], **worker_options)
+    return trainer_class(
+        MODEL,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        tools=[calculator],
+        rollout_worker=worker,
+        weight_transfer=LocalWeightTransfer(worker),
+    )
+
+
+class ScriptedWorker:
+    """`RolloutWorkerProtocol` replaying fixed samples: both trainers of a comparison see exactly the same stream."""
+
+    def __init__(self, samples):
+        self.rollout_buffer, self.metrics_queue = queue.Queue(), queue.Queue()
+        for sample in samples:
+            self.rollout_buffer.put(sample)
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def update_model_version(self, model_version):
+        pass
+
+    def check_health(self, stale_after_s):
+        pass
+
+
+class NoWeightTransfer:
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        for _ in iterator:
+            pass
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+# Per micro-batch: (samples, completion length) of its two groups; one group per rank.
+STEP_GROUPS = [[(1, 12), (7, 2)], [(3, 9), (5, 3)]]
+
+
+def step_samples(tokenizer) -> list:
+    """The `RolloutSample`s of one optimizer step of the two-process asynchronous test, in queue order (the groups of
+    `STEP_GROUPS`): random completions, generator log-probs of the starting policy plus noise (the ratio is off 1, so
+    the flip and the clips act) and random advantages."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from trl_aspo.builtin.task import make_dataset
+
+    policy = AutoModelForCausalLM.from_pretrained(MODEL)
+    generator = torch.Generator().manual_seed(0)
+    dataset = make_dataset("train", 4, seed=0)
+    samples, group_id = [], 0
+    for groups in STEP_GROUPS:
+        for count, length in groups:
+            prompt = dataset[group_id]["prompt"]
+            prompt_ids = list(
+                tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
+            for _ in range(count):
+                completion = torch.randint(5, tokenizer.vocab_size - 5, (length,), generator=generator).tolist()
+                ids = torch.tensor([prompt_ids + completion])
+                with torch.no_grad():
+                    logps = policy(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
+                noise = 0.3 * torch.randn(length, generator=generator)
+                samples.append(
+                    RolloutSample(
+                        prompt=prompt,
+                        completion=[{"role": "assistant", "content": tokenizer.decode(completion)}],
+                        input_ids=ids[0].numpy(),
+                        completion_mask=np.asarray([0] * len(prompt_ids) + [1] * length, dtype=np.int64),
+                        old_log_probs=np.asarray(
+                            [0.0] * len(prompt_ids) + (logps[-length:] + noise).tolist(), dtype=np.float32
+                        ),
+                        advantage=float(torch.randn(1, generator=generator)),
+                        model_version=0,
+                        group_id=group_id,
+                        metrics={"reward": 0.5, "reward_std": 0.25},
+                    )
+                )
+            group_id += 1
+    return samples
+
+
+# ------------------------------------------------------------------------------------ prioritized sampling (async)
+def certain_half_init_file(tmp_path, dataset) -> tuple[str, set[str]]:
+    """A value_init_file putting every even row at value 1 - 1e-12 (Beta(1e6, 1e-6)): weight ~2e-6 at
+    priority_epsilon=1e-6, against >= ~0.1 for a prompt whose value is anywhere in [0.01, 0.99]."""
+    from trl_aspo.values.prompt_ids import prompt_key
+
+    keys = [prompt_key(prompt) for prompt in dataset["prompt"]]
+    certain = set(keys[0::2])
+    path = tmp_path / "init.json"
+    path.write_text(json.dumps([{"prompt_id": key, "alpha": 1e6, "beta": 1e-6} for key in sorted(certain)]))
+    return str(path), certain
+
+
+def prioritized_fields(tmp_path, init_file, **overrides):
+    fields = dict(per_device_train_batch_size=4, num_generations=1, max_steps=3, max_inflight_tasks=1)
+    return dict(
+        **async_fields(tmp_path, **{**fields, **overrides}),
+        advantage_estimator="spo++",
+        loss_type="aspo",
+        prioritized_sampling=True,
+        priority_epsilon=1e-6,
+        value_init_file=init_file,
+    )
+
+
+def recording_scores(trainer) -> list:
+    """Patches `trainer._score_step` to record every sample it scores; returns the (growing) list."""
+    samples, score_step = [], trainer._score_step
+
+    def recording_score_step(step_samples):
+        samples.extend(step_samples)
+        return score_step(step_samples)
+
+    trainer._score_step = recording_score_step
+    return samples
+
+
+# --------------------------------------------------------------------------------- `trl-aspo compare` experiments
+BASE = """
+base:
+  model_name_or_path: builtin:tiny-random
+  dataset_name: builtin:calculator
+  builtin_train_size: 16
+  builtin_test_size: 2
+  reward_funcs: [builtin:correctness]
+  tools: [builtin:calculator]
+  max_steps: 2
+  per_device_train_batch_size: 4
+  num_generations: 2
+  max_completion_length: 12
+  max_tool_calling_iterations: 1
+  learning_rate: 1.0e-3
+  logging_steps: 1
+  save_strategy: "no"
+  report_to: none
+  use_cpu: true
+  bf16: false
+"""
+BASE_THREE_STEPS = BASE.replace("max_steps: 2", "max_steps: 3")
+ASYNC_BASE = """
+base:
+  trainer: async
+  rollout_worker: local
+  rollout_jitter_s: 0.02
+  model_name_or_path: builtin:tiny-calculator
+  dataset_name: builtin:calculator
+  builtin_train_size: 16
+  builtin_test_size: 2
+  reward_funcs: [builtin:correctness]
+  tools: [builtin:calculator]
+  max_steps: 2
+  per_device_train_batch_size: 4
+  max_completion_length: 12
+  max_tool_calling_iterations: 1
+  token_budget: 0
+  max_staleness: 2
+  learning_rate: 1.0e-3
+  logging_steps: 1
+  save_strategy: "no"
+  report_to: none
+  use_cpu: true
+  bf16: false
+"""
+
+
+def write_experiment(tmp_path, body: str, base: str = BASE) -> str:
+    path = tmp_path / "experiment.yaml"
+    path.write_text(textwrap.dedent(body) + textwrap.dedent(base))
+    return str(path)
+
+
+def write_async_experiment(tmp_path, body: str) -> str:
+    return write_experiment(tmp_path, body, base=ASYNC_BASE)
+
+
+def two_by_two(tmp_path) -> tuple[str, object]:
+    """An experiment of variants dapo and aspo over seeds 0 and 1, three steps each; (its file, its output_dir)."""
+    output = tmp_path / "cmp"
+    body = f"""
+        output_dir: {output}
+        seeds: [0, 1]
+        variants:
+          dapo: {{loss_type: dapo}}
+          aspo: {{loss_type: aspo}}
+        """
+    return write_experiment(tmp_path, body, base=BASE_THREE_STEPS), output
+
+
+# ------------------------------------------------------------------------------------------------------- misc
+def stepped_learning_rates(lr_lambda, base_lr: float, steps: int) -> list[float]:
+    """The learning rate of each of `steps` optimizer steps under `LambdaLR(lr_lambda)`."""
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base_lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    rates = []
+    for _ in range(steps):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    return rates
+
+
+def load_gpu_check_script():
+    """scripts/gpu_check.py as a module."""
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,136 @@
+"""What both trainers share is tested once, parametrized over `ASPOTrainer` and `AsyncASPOTrainer`: the same metric
+keys from the shared pipeline and loss, the same refusal of a bad `tool_shaping_correct_reward`, the same warning
+when shaping runs without tools, the same pre-pass accounting."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from helpers import MODEL, async_fields, calculator_tokenizer, tiny_run_fields, trainer_with_local_worker
+
+TRAINERS = ["sync", "async"]
+
+# Logged by the shared pipeline (values.scoring), the shared loss (trainers.loss_assembly) and the tool counter.
+SHARED_KEYS = {
+    "zero_advantage_share",
+    "advantage/p10",
+    "advantage/p50",
+    "advantage/p90",
+    "shaping/eligible_frac",
+    "shaping/bias_mean",
+    "tools/tool_call_frac",
+    "tools/first_call_position",
+    "aspo/flipped_frac",
+    "aspo/hard_clip_pos_frac",
+    "value/mean",
+    "value/tracked_prompts",
+    "value/effective_prompts",
+    "policy_loss",
+}
+
+
+def build(kind: str, tmp_path, reward_funcs=None, tools=True, **overrides):
+    """A trainer of `kind` on the built-in tiny-calculator model with the calculator tool: spo++ with one completion
+    per prompt, prioritized sampling, token normalization, tool shaping and the aspo loss, two optimizer steps."""
+
+    from trl_aspo import ASPOConfig, ASPOTrainer, AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.builtin import TINY_CALCULATOR
+    from trl_aspo.builtin.task import calculator, correctness_reward, make_dataset
+
+    reward_funcs = [correctness_reward] if reward_funcs is None else reward_funcs
+    dataset = make_dataset("train", 16, seed=0)
+    fields = {
+        "advantage_estimator": "spo++",
+        "num_generations": 1,
+        "prioritized_sampling": True,
+        "advantage_normalization": "token",
+        "tool_shaping": True,
+        "loss_type": "aspo",
+        "max_steps": 2,
+        "max_completion_length": 32,
+        "max_tool_calling_iterations": 1,
+        **overrides,
+    }
+    if kind == "sync":
+        args = ASPOConfig(**tiny_run_fields(tmp_path / "out", steps_per_generation=2, **fields))
+        return ASPOTrainer(
+            TINY_CALCULATOR, reward_funcs, args, train_dataset=dataset, tools=[calculator] if tools else None
+        )
+    args = AsyncASPOConfig(**async_fields(tmp_path, **fields))
+    tokenizer = calculator_tokenizer()
+    if not tools:
+        from trl_aspo.infra.local_worker import LocalRolloutWorker, LocalWeightTransfer
+
+        worker = LocalRolloutWorker(MODEL, tokenizer, dataset, reward_funcs, args)
+        return AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_worker=worker,
+            weight_transfer=LocalWeightTransfer(worker),
+        )
+    return trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, reward_funcs)
+
+
+def logged_keys(trainer) -> set[str]:
+    return {key for row in trainer.state.log_history for key in row}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_both_trainers_log_the_shared_metric_keys(kind, tmp_path):
+    trainer = build(kind, tmp_path)
+    trainer.train()
+    keys = logged_keys(trainer)
+    assert keys >= SHARED_KEYS, sorted(SHARED_KEYS - keys)
+    for row in trainer.state.log_history:
+        if "zero_advantage_share" in row:
+            assert 0.0 <= row["zero_advantage_share"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_both_trainers_refuse_a_correct_reward_that_names_no_function(kind, tmp_path):
+    """The synchronous trainer knows its reward functions at construction, the asynchronous one when its first
+    step's samples arrive (the rollout worker scores): the same message, naming the field and the functions."""
+    message = r"tool_shaping_correct_reward='nope' names no reward function; .*\['correctness_reward'\]"
+    with pytest.raises(ValueError, match=message):
+        build(kind, tmp_path, tool_shaping_correct_reward="nope").train()
+
+
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_both_trainers_warn_when_shaping_runs_without_tools(kind, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build(kind, tmp_path, tools=False)
+    shaping = [str(w.message) for w in caught if "tool_shaping=True, but the trainer has no" in str(w.message)]
+    assert len(shaping) == 1, [str(w.message) for w in caught]
+    assert "shaping only acts on completions whose text contains tool_call_opener='<tool_call>'" in shaping[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_both_pre_passes_count_successes_and_trials_the_same_way(kind, tmp_path, monkeypatch):
+    """`value_init_samples`: each trainer rolls out with its own generation, and both hand the samples to
+    `init_values_from_samples`: right after it, each prompt's value is the Jeffreys-smoothed success rate
+    (s + 0.5) / (n + 1) of its own samples (docs/design.md section 3), computed here from what was handed over."""
+    import trl_aspo.values.single_stream as single_stream
+
+    seen = []
+    init = single_stream.init_values_from_samples
+
+    def recording(tracker, prompts, sample_keys, outcomes, args, event=None):
+        init(tracker, prompts, sample_keys, outcomes, args, event)
+        seen.append((list(prompts), list(sample_keys), list(outcomes), tracker.value(list(prompts), 0)))
+
+    module = "trl_aspo.trainers.grpo_prepass" if kind == "sync" else "trl_aspo.trainers.async_aspo_trainer"
+    monkeypatch.setattr(f"{module}.init_values_from_samples", recording)
+    build(kind, tmp_path, value_init_samples=2, max_steps=1).train()
+    ((prompts, sample_keys, outcomes, values),) = seen
+    assert len(prompts) == 16 and sorted(sample_keys) == sorted(prompts * 2)
+    successes = {key: sum(o for k, o in zip(sample_keys, outcomes, strict=True) if k == key) for key in prompts}
+    expected = [(successes[key] + 0.5) / 3 for key in prompts]
+    assert values.tolist() == pytest.approx(expected, abs=1e-12)

@@ -1,0 +1,106 @@
+"""Stopping and resuming `trl-aspo train` as a user does: Ctrl-C, the printed resume command, `--resume_from_checkpoint
+true`, and the held-out "before" numbers that survive an interrupt."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+CLI = [sys.executable, "-m", "trl_aspo.cli.main"]
+
+
+def quickstart_argv(output_dir, max_steps: int) -> list[str]:
+    """The quickstart config at its smallest: 2-step checkpoints, 4 held-out problems, no figure."""
+    return [
+        "train",
+        "--config",
+        "configs/quickstart.yaml",
+        "--output_dir",
+        str(output_dir),
+        "--max_steps",
+        str(max_steps),
+        "--save_steps",
+        "2",
+        "--builtin_test_size",
+        "4",
+        "--eval_samples_per_problem",
+        "1",
+        "--plot",
+        "false",
+    ]
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_resumes(tmp_path):
+    output_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [*CLI, *quickstart_argv(output_dir, max_steps=12)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+        # Ctrl-C in a terminal: a suite started in the background (`make test &`, nohup) ignores SIGINT, which the
+        # child would inherit, and Python then installs no KeyboardInterrupt handler at all.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    first_checkpoint = output_dir / "checkpoint-2" / "trainer_state.json"
+    deadline = time.monotonic() + 240
+    while not first_checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    # The "before" numbers are on disk as soon as they are measured, before training.
+    assert json.loads((output_dir / "summary.json").read_text())["before"]["num_problems"] == 4
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stdout + stderr
+    last_line = stderr.strip().splitlines()[-1]
+    match = re.fullmatch(
+        r"Interrupted at step (\d+); latest checkpoint (\S+)\. Resume with: (trl-aspo train .*)", last_line
+    )
+    assert match, last_line
+    step, checkpoint, command = int(match[1]), match[2], match[3]
+    assert 2 <= step < 12 and os.path.dirname(checkpoint) == str(output_dir)
+    assert re.fullmatch(r"checkpoint-\d+", os.path.basename(checkpoint)) and int(checkpoint.rsplit("-", 1)[1]) <= step
+    assert shlex.split(command)[2:] == [*quickstart_argv(output_dir, 12)[1:], "--resume_from_checkpoint", checkpoint]
+
+    resumed = subprocess.run(
+        [*CLI, *shlex.split(command)[1:]], capture_output=True, text=True, env=cli_env(), timeout=600
+    )
+    output = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, output[-3000:]
+    assert f"Resuming from {checkpoint}." in output
+    assert "Held-out numbers before training: reused from" in output
+    # The tied output head is loaded through its embedding, not reported missing.
+    assert "missing keys" not in output
+    assert json.loads((output_dir / "checkpoint-12" / "trainer_state.json").read_text())["global_step"] == 12
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["before"]["num_problems"] == 4 and summary["after"]["num_problems"] == 4
+
+
+@pytest.mark.slow
+def test_resume_from_checkpoint_true_without_a_checkpoint_says_so(tmp_path):
+    result = subprocess.run(
+        [*CLI, *quickstart_argv(tmp_path / "empty", max_steps=2), "--resume_from_checkpoint", "true"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert f"resume_from_checkpoint=true: there is no checkpoint-* folder in output_dir '{tmp_path / 'empty'}'" in (
+        result.stderr
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from trl_aspo.config.aspo_config import RESUME_FIELDS
 from trl_aspo.trainers.checkpoint_state import (
     STATE_JSON,
     checkpoint_state_file,
@@ -24,18 +25,9 @@ from trl_aspo.values.tracker import EventValueTracker
 
 logger = logging.getLogger(__name__)
 
-# Settings a resume compares with the checkpoint's. Refused when changed (why), unless marked resettable and
-# `value_reset_on_resume` is set; the others are applied with a logged warning.
-RESUME_FIELDS = (
-    "advantage_estimator",
-    "prompt_id_column",
-    "seed",
-    "value_rho",
-    "value_rho_mode",
-    "value_reward_range",
-    "advantage_normalization",
-    "prioritized_sampling",
-)
+# Of the settings a resume compares with the checkpoint's (`RESUME_FIELDS`, declared with the fields), those refused
+# when changed (why), unless marked resettable and `value_reset_on_resume` is set; the others are applied with a
+# logged warning.
 RESUME_REFUSED = {
     "advantage_estimator": "the saved value tracker belongs to that estimator",
     "prompt_id_column": "the saved tracker's prompt keys come from it",

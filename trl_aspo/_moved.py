@@ -29,6 +29,8 @@ MOVED_MODULES = {
     "sampler": "values.sampler",
     "tracker": "values.tracker",
     "value_init": "values.value_init",
+    # The scoring half of the old single_stream module (StepScorer, normalize_advantages, tool_shaping_bias, ...).
+    "single_stream": "values.scoring",
     "async_config": "config.async_config",
     "trainer": "trainers.aspo_trainer",
     "async_trainer": "trainers.async_aspo_trainer",

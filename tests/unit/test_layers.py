@@ -120,3 +120,20 @@ def test_the_old_flat_paths_are_the_new_modules():
 
     assert old_losses is trl_aspo.algorithms.losses and old_tracker is trl_aspo.values.tracker
     assert trl_aspo.algorithms.losses.__spec__.name == "trl_aspo.algorithms.losses"
+
+
+def test_the_old_single_stream_path_keeps_its_scoring_names():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from trl_aspo.single_stream import StepScorer, normalize_advantages, tool_shaping_bias, tracker_rewards
+
+    from trl_aspo.values import scoring, single_stream
+
+    assert (StepScorer, normalize_advantages, tool_shaping_bias) == (
+        scoring.StepScorer,
+        scoring.normalize_advantages,
+        scoring.tool_shaping_bias,
+    )
+    assert tracker_rewards is single_stream.tracker_rewards

@@ -40,6 +40,7 @@ from trl_aspo.values.scoring import (
     AdvantageBatch,
     AdvantagePipeline,
     check_correct_reward_name,
+    total_rewards,
     unscorable_if_infinite_rewards,
     warn_if_tool_shaping_runs_no_tools,
 )
@@ -50,6 +51,7 @@ from trl_aspo.values.single_stream import (
     make_value_tracker,
     tracker_rewards,
     tracker_values,
+    train_rows,
 )
 from trl_aspo.values.tracker import EventValueTracker
 
@@ -211,8 +213,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMix
         round_action_mask = action_mask(output)  # before `filter_zero_variance_groups` masks dropped groups out
         tool_stats = self._tool_statistics(output)  # (N, 4) gathered: position, length, calls, turns
         rewards_per_func = self._gathered_rewards_per_func
-        rewards = (rewards_per_func * self.reward_weights.to(device)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = total_rewards(rewards_per_func, self.reward_weights)
         scorable = ~torch.isnan(rewards)
         if self._single_stream:
             outcomes = tracker_rewards(rewards, self.args)
@@ -235,7 +236,12 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMix
                 token_counts=tool_stats[:, 1],
                 group_ids=group_ids,
                 rewards=rewards,
-                group_advantages=self.accelerator.gather(output["advantages"]),
+                # TRL's group z-score, gathered only where it is the advantage (each gather is a collective).
+                group_advantages=(
+                    self.accelerator.gather(output["advantages"])
+                    if self.args.advantage_normalization == "group"
+                    else None
+                ),
                 tool_stats=tool_stats,
                 correctness=correctness,
                 texts=lambda: gather_object(
@@ -379,16 +385,13 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMix
         save_project_state(
             checkpoint,
             self.args,
-            self._train_rows(),
+            train_rows(self.train_dataset),
             self._value_event,
             self._aspo_kl_coef,
             None if tracker is None else tracker.state_dict(),
             visit_store=visit_store,
             sampler=sampler,
         )
-
-    def _train_rows(self) -> int | None:
-        return None if isinstance(self.train_dataset, IterableDataset) else len(self.train_dataset)
 
     def _checkpoint_tracker(self):
         """The tracker and stored visits a run resumed from this checkpoint must start from.
@@ -410,7 +413,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMix
             return
         self._restore_weight_map(checkpoint)
         state, fresh = restore_project_state(
-            checkpoint, self.args, self._train_rows(), self._value_tracker, self.state.global_step
+            checkpoint, self.args, train_rows(self.train_dataset), self._value_tracker, self.state.global_step
         )
         if state is None:
             return

@@ -56,8 +56,10 @@ from trl_aspo.values.single_stream import (
     PromptRows,
     dataset_prompt_keys,
     init_values_from_samples,
+    prepass_prompts,
     prompt_ids_by_content,
     tracker_rewards,
+    train_rows,
 )
 
 logger = logging.getLogger(__name__)
@@ -168,18 +170,9 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
         The rollouts run on the trainer's policy with the tool loop of `trl_aspo.evaluation.tool_use` (TRL's, at the
         training temperature, `max_completion_length` and `max_tool_calling_iterations`), scored by the sum of the
         reward functions as the rollout worker scores (weight 1 each; NaN where every function abstains)."""
-        if self._prepass_inputs["environment_factory"] is not None:
-            raise ValueError(
-                "AsyncASPOConfig.value_init_samples does not support `environment_factory` (environments own the "
-                "rollout state); initialize the tracker with value_init_file instead."
-            )
         dataset = self.train_dataset
-        if not isinstance(dataset, Dataset):
-            raise ValueError("AsyncASPOConfig.value_init_samples needs a map-style `datasets.Dataset` of prompts.")
-        keys = dataset_prompt_keys(dataset, self.args)
-        first_rows: dict[str, int] = {}
-        for row, key in enumerate(keys):
-            first_rows.setdefault(key, row)
+        has_environments = self._prepass_inputs["environment_factory"] is not None
+        _, first_rows = prepass_prompts(dataset, self.args, has_environments)
         funcs = self._prepass_inputs["reward_funcs"]
         funcs = [] if funcs is None else list(funcs) if isinstance(funcs, list | tuple) else [funcs]
         with generation_attention(self.model) as model:
@@ -418,15 +411,12 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
             save_project_state(
                 output_dir,
                 self.args,
-                self._train_rows(),
+                train_rows(self.train_dataset),
                 self.model_version,
                 0.0,
                 self._trained_tracker_state(),
                 prompt_dispatches=dispatches,
             )
-
-    def _train_rows(self) -> int | None:
-        return len(self.train_dataset) if isinstance(self.train_dataset, Dataset) else None
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -435,7 +425,9 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
         self._restore_weight_map(checkpoint)
         if self._scorer.tracker is None:
             return
-        state, fresh = restore_project_state(checkpoint, self.args, self._train_rows(), self._scorer.tracker)
+        state, fresh = restore_project_state(
+            checkpoint, self.args, train_rows(self.train_dataset), self._scorer.tracker
+        )
         if state is not None and not fresh and self._prompt_dispatches is not None and "prompt_dispatches" in state:
             try:
                 self._prompt_dispatches.load_state_dict(state["prompt_dispatches"])

@@ -8,10 +8,10 @@ import copy
 import inspect
 
 import torch
-from datasets import IterableDataset
 from tqdm.auto import tqdm
 
-from trl_aspo.values.single_stream import dataset_prompt_keys, init_values_from_samples, tracker_rewards
+from trl_aspo.values.scoring import total_rewards
+from trl_aspo.values.single_stream import init_values_from_samples, prepass_prompts, tracker_rewards
 from trl_aspo.values.tracker import EventValueTracker
 from trl_aspo.values.value_init import prepass_plan
 
@@ -42,22 +42,8 @@ class GRPOValuePrepassMixin:
         one generation batch at a time: each rank takes its contiguous share of the batch, and the rewards come back
         gathered in process-major order, i.e. in plan order. Runs before `accelerator.prepare`, on the model as
         given. TRL's metrics and pending reward-function logs of the pre-pass are discarded."""
-        if self.environment_factories is not None:
-            raise ValueError(
-                "ASPOConfig.value_init_samples does not support `environment_factory` (environments own the rollout "
-                "state); initialize the tracker with value_init_file instead."
-            )
         dataset = self.train_dataset
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "column_names"):
-            raise ValueError(
-                "ASPOConfig.value_init_samples needs a map-style `datasets.Dataset` to enumerate prompts."
-            )
-        if {"image", "images"} & set(dataset.column_names):
-            raise ValueError("ASPOConfig.value_init_samples does not support image datasets; use value_init_file.")
-        keys = dataset_prompt_keys(dataset, self.args)
-        first_rows = {}
-        for index, key in enumerate(keys):
-            first_rows.setdefault(key, index)
+        keys, first_rows = prepass_prompts(dataset, self.args, self.environment_factories is not None)
         per_rank = self.args.per_device_train_batch_size * self.args.steps_per_generation
         span = per_rank * self.accelerator.num_processes
         plan = prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
@@ -109,6 +95,4 @@ class GRPOValuePrepassMixin:
                 elif index < len(values):
                     row[name] = values[index]
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return tracker_rewards(rewards, self.args).cpu()
+        return tracker_rewards(total_rewards(rewards_per_func, self.reward_weights), self.args).cpu()

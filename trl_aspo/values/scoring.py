@@ -62,6 +62,12 @@ def unscorable_if_infinite_rewards(
     return torch.where(overflowing.unsqueeze(1), torch.full_like(rewards_per_func, torch.nan), rewards_per_func)
 
 
+def total_rewards(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """(N,) weighted total of (N, F) rewards per function, NaN where every function returned None (TRL's NaN)."""
+    totals = (rewards_per_func * reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+    return totals.masked_fill(torch.isnan(rewards_per_func).all(dim=1), torch.nan)
+
+
 def unscorable_if_infinite_totals(
     rewards: torch.Tensor, worker_advantages: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -213,3 +213,29 @@ class PromptRows:
     def values(self, tracker: ValueTracker, rows: list[int], event: int) -> torch.Tensor:
         """The tracker's values of `rows` at `event`."""
         return tracker_values(tracker, [self.keys[row] for row in rows], event)
+
+
+def prepass_prompts(dataset, args, has_environments: bool) -> tuple[list[str], dict[str, int]]:
+    """The value pre-pass's prompts (`value_init_samples`, either trainer): every row's tracker key and the first row
+    of each distinct prompt, after refusing what a pre-pass cannot roll out (environments own the rollout state; an
+    iterable dataset cannot be enumerated; images are not rolled out)."""
+    name = field_name(args, "value_init_samples")
+    if has_environments:
+        raise ValueError(
+            f"{name} does not support `environment_factory` (environments own the rollout state); initialize the "
+            "tracker with value_init_file instead."
+        )
+    if not _enumerable(dataset):
+        raise ValueError(f"{name} needs a map-style `datasets.Dataset` to enumerate prompts.")
+    if {"image", "images"} & set(dataset.column_names):
+        raise ValueError(f"{name} does not support image datasets; use value_init_file.")
+    keys = dataset_prompt_keys(dataset, args)
+    first_rows: dict[str, int] = {}
+    for row, key in enumerate(keys):
+        first_rows.setdefault(key, row)
+    return keys, first_rows
+
+
+def train_rows(dataset) -> int | None:
+    """The rows of a map-style training dataset (what a resume compares), None for an iterable one."""
+    return len(dataset) if _enumerable(dataset) else None

@@ -3,6 +3,8 @@ The engine itself is exercised in tests/vllm_tier."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -73,3 +75,45 @@ def test_served_dtype_asks_the_server_once():
     reload._session = Session()
     assert [reload.served_dtype(), reload.served_dtype()] == ["float32", "float32"]
     assert reload._session.paths == ["http://127.0.0.1:1/server_info"]
+
+
+def _recording_session(seen: list, fail_on: str | None = None):
+    """A session that records each request's path and, for a reload, whether its weights file exists then."""
+
+    class Response:
+        status_code, content = 200, b""
+
+    class Session:
+        def request(self, method, url, json=None, **kwargs):
+            path = url.removeprefix("http://127.0.0.1:1")
+            weights = json["kwargs"]["weights_path"] if json else None
+            seen.append((path, weights, weights is not None and (Path(weights) / "model.safetensors").is_file()))
+            if path == fail_on:
+                raise ConnectionError("the server went away")
+            return Response()
+
+        def close(self):
+            seen.append(("closed", None, False))
+
+    return Session()
+
+
+def test_a_reload_leaves_no_weights_in_the_temporary_directory(tmp_path, monkeypatch):
+    """The weights file exists while the server reads it and is gone when `reload` returns, or raises: the trainer
+    never has to call `close` for the temporary directory to stay clean (issue 25, item 8)."""
+    import tempfile
+
+    from trl_aspo.infra.vllm_cpu import VLLMServerReload
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen: list = []
+    reload = VLLMServerReload("http://127.0.0.1:1", aliases={"lm_head.weight": "embed.weight"})
+    reload._session = _recording_session(seen)
+    reload.reload(iter([("embed.weight", torch.ones(2, 2))]))
+    assert [(path, exists) for path, _, exists in seen] == [("/collective_rpc", True), ("/reset_prefix_cache", False)]
+    assert list(tmp_path.iterdir()) == []
+
+    reload._session = _recording_session(seen, fail_on="/collective_rpc")
+    with pytest.raises(ConnectionError):
+        reload.reload(iter([("embed.weight", torch.ones(2, 2))]))
+    assert list(tmp_path.iterdir()) == []

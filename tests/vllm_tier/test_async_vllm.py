@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from helpers import MODEL, async_fields, calculator_tokenizer, digit_share_reward
@@ -54,11 +55,14 @@ def _logged(trainer, key):
     return [row[key] for row in trainer.state.log_history if key in row]
 
 
-def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path):
+def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path, monkeypatch):
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
     from trl_aspo.infra.prompt_stream import PrioritizedPromptLoop
 
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     trainer = _trainer(tmp_path, vllm_server.url, max_steps=3, save_strategy="steps", save_steps=2)
     assert isinstance(trainer.weight_transfer, CPUWeightTransfer)  # chosen because the device is a CPU
     assert trainer.weight_transfer.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
@@ -73,6 +77,7 @@ def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path):
     for key in ("aspo/flipped_frac", "value/mean", "shaping/eligible_frac"):
         assert _logged(trainer, key), key
     assert trainer.rollout_worker._process is None  # the child was stopped at train end
+    assert not list(temporary.glob("trl-aspo-vllm-weights-*"))  # every synced copy of the policy was removed
 
     # The trainer's own sync path once more, then the server scores a fixed completion as the policy does.
     trainer._sync_weight()

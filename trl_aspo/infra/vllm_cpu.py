@@ -7,8 +7,9 @@ mode's `model.load_weights` on the engine's model fails on vLLM's CPU build once
 layer-wise reload machinery and works there. This module uses it:
 
 - server mode (synchronous `CPUVLLMClient`, asynchronous `CPUWeightTransfer`): the tensors go into one safetensors
-  file in a directory private to the trainer; then `/pause?mode=keep` (in-flight requests freeze and continue after
-  the resume instead of being aborted: an aborted, empty turn can crash TRL's rollout worker),
+  file in a fresh directory private to the trainer (removed once the server has read it); then `/pause?mode=keep`
+  (in-flight requests freeze and continue after the resume instead of being aborted: an aborted, empty turn can
+  crash TRL's rollout worker),
   `/collective_rpc` `reload_weights(weights_path=...)`, `/reset_prefix_cache` (cached prefixes were computed by the
   old weights), `/resume`. The server must run with `VLLM_SERVER_DEV_MODE=1`, as `trl vllm-serve` starts it;
 - colocate mode (`CPUVLLMGeneration`): the same `reload_weights` in-process, from a tensor iterator, and the engine
@@ -85,7 +86,6 @@ class VLLMServerReload:
         self.aliases = dict(aliases or {})
         self.timeout = timeout
         self._session = requests.Session()
-        self._directory: Path | None = None
         self._served_dtype: str | None = None
 
     def _request(self, method: str, path: str, **kwargs) -> dict:
@@ -137,24 +137,28 @@ class VLLMServerReload:
 
     def reload(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the tensors (with their tied aliases) and make the server load them; the server stays as it was
-        (paused or not)."""
+        (paused or not).
+
+        The file lives only for this call, in a fresh private directory removed before it returns, whether the
+        server answered or not: `reload_weights` loads eagerly, and no exit path (a normal end, an exception, a
+        trainer that never calls `close`) can leave a copy of the policy in the temporary directory."""
         from safetensors.torch import save_file
 
-        if self._directory is None:
-            self._directory = Path(tempfile.mkdtemp(prefix="trl-aspo-vllm-weights-"))
-        save_file(with_tied_aliases(named_tensors, self.aliases), str(self._directory / WEIGHTS_FILE))
-        self._request(
-            "POST",
-            "/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(self._directory)}},
-        )
+        directory = tempfile.mkdtemp(prefix="trl-aspo-vllm-weights-")
+        try:
+            save_file(with_tied_aliases(named_tensors, self.aliases), str(Path(directory) / WEIGHTS_FILE))
+            self._request(
+                "POST",
+                "/collective_rpc",
+                json={"method": "reload_weights", "kwargs": {"weights_path": directory}},
+            )
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
         self._request("POST", "/reset_prefix_cache")
 
     def close(self) -> None:
-        """Remove the weights directory (the server has read it: `reload_weights` loads eagerly)."""
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        """End the HTTP session (each reload already removed its weights directory)."""
+        self._session.close()
 
 
 def warn_on_dtype_mismatch(served: str, trained: str, where: str) -> None:

@@ -88,6 +88,10 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
     - `_load_optimizer_and_scheduler`: the hook of a resume after the model is loaded, before training.
     """
 
+    # Defaults for a trainer built without this __init__, as TRL's own tests build one (TrainingArguments only).
+    _micro_batches_of_step = 0
+    _untrained_tracker_states: collections.deque[dict] | tuple = ()
+
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
         if args is None:
             args = AsyncASPOConfig(f"{model.split('/')[-1]}-AsyncASPO")

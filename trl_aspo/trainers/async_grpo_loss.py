@@ -18,6 +18,12 @@ class AsyncGRPOLossMixin(WeightMapMixin):
 
     _aspo_micro_batches = 0  # seeds the per-micro-batch draw of aspo_unflipped_fraction
 
+    @property
+    def _loss_type(self) -> str:
+        """`args.loss_type`, or TRL's PPO loss for arguments without it: AsyncGRPOConfig has no such field, and
+        TRL's own tests drive these methods on a trainer built by hand with plain `TrainingArguments`."""
+        return getattr(self.args, "loss_type", "ppo")
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """loss_type='aspo': TRL's packed forward and accounting run unchanged (its PPO loss is inlined there, so
         there is no smaller method to override); the returned loss is `aspo_loss` on the same log-probs, laid out
@@ -28,7 +34,7 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         another engine, and each sample trains once. With loss_type='ppo' the weight is TRL's clipped surrogate's,
         `clipped_ratio_weight` without `delta`."""
         collects_weight_map = self._weight_map is not None and self.model.training
-        if self.args.loss_type != "aspo" and not collects_weight_map:
+        if self._loss_type != "aspo" and not collects_weight_map:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         captured = {}
 
@@ -40,7 +46,7 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         outputs = captured["outputs"]
         selected = inputs["token_index"] >= 0
         token_index = inputs["token_index"][selected]
-        if self.args.loss_type == "ppo":
+        if self._loss_type == "ppo":
             # TRL's loss runs on the flat (M,) targets: one (1, M) row of action tokens.
             old_log_probs, advantages = inputs["old_log_probs"][selected][None], inputs["advantages"][selected][None]
             log_probs = outputs.log_probs.flatten()[token_index][None].detach()
@@ -87,7 +93,7 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         """`Trainer.get_batch_samples` (one optimizer step's micro-batches), also counting the step's action tokens
         and completions over all its micro-batches and ranks for `aspo_aggregation` (`_aspo_step_units`)."""
         batch_samples, num_items_in_batch = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self.args.loss_type == "aspo":
+        if self._loss_type == "aspo":
             local = [packed_loss_units(batch["segment_id"][batch["token_index"] >= 0]) for batch in batch_samples]
             local = torch.stack(local).sum(0) if local else torch.zeros(2)
             self._aspo_step_units = self.accelerator.reduce(local.to(self.accelerator.device), reduction="sum")

@@ -134,3 +134,66 @@ def test_both_pre_passes_count_successes_and_trials_the_same_way(kind, tmp_path,
     successes = {key: sum(o for k, o in zip(sample_keys, outcomes, strict=True) if k == key) for key in prompts}
     expected = [(successes[key] + 0.5) / 3 for key in prompts]
     assert values.tolist() == pytest.approx(expected, abs=1e-12)
+
+
+class NaNGradientAt:
+    """A callback that makes one parameter's gradient NaN during optimizer step `step` (counted from 1), as one bad
+    batch would, and keeps the weights just before and just after that step's `optimizer.step()`."""
+
+    def __init__(self, step: int):
+        self.step, self.handle, self.before, self.after = step, None, None, None
+
+    def callback(self, trainer):
+        import torch
+        from transformers import TrainerCallback
+
+        guard = self
+        parameter = trainer.model.get_input_embeddings().weight
+
+        def weights():
+            return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+
+        class Poison(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                if state.global_step + 1 == guard.step:
+                    guard.handle = parameter.register_hook(lambda grad: torch.full_like(grad, float("nan")))
+
+            def on_pre_optimizer_step(self, args, state, control, **kwargs):
+                if state.global_step + 1 == guard.step:
+                    guard.before = weights()
+
+            def on_optimizer_step(self, args, state, control, **kwargs):
+                if state.global_step + 1 == guard.step:
+                    guard.after = weights()
+                    guard.handle.remove()
+
+        return Poison()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_a_step_with_a_nan_gradient_is_skipped_and_training_goes_on(kind, tmp_path):
+    """`skip_nonfinite_grad_steps`: the poisoned step leaves every weight bitwise as it was, the next step trains,
+    and the skip is logged; without the option the same poisoned step writes NaN into the weights (shown on the
+    synchronous trainer: the guard is one mixin for both)."""
+    import torch
+
+    poison = NaNGradientAt(step=1)
+    trainer = build(kind, tmp_path / "skip", skip_nonfinite_grad_steps=True)
+    trainer.add_callback(poison.callback(trainer))
+    with pytest.warns(RuntimeWarning, match=r"Optimizer step 1: the gradient norm is nan; the step is skipped"):
+        trainer.train()
+    assert all(torch.equal(poison.before[name], poison.after[name]) for name in poison.before)
+    final = dict(trainer.model.named_parameters())
+    assert all(torch.isfinite(p).all() for p in final.values())
+    assert any(not torch.equal(poison.after[name], final[name].detach()) for name in poison.after)  # step 2 trained
+    skipped = [row["optim/skipped_nonfinite_step"] for row in trainer.state.log_history if "optim/" in str(row)]
+    assert skipped == [1.0, 0.0]
+
+    if kind == "async":
+        return  # its rollout worker would sample from the NaN weights of an unguarded run and fail there
+    poison = NaNGradientAt(step=1)
+    unguarded = build(kind, tmp_path / "plain")
+    unguarded.add_callback(poison.callback(unguarded))
+    unguarded.train()
+    assert any(torch.isnan(p).any() for p in poison.after.values())

@@ -4,6 +4,7 @@ trainer swapped for `AsyncASPOTrainer`, those methods must answer as TRL's do (i
 
 from __future__ import annotations
 
+import pytest
 import torch
 from accelerate import Accelerator
 from transformers import TrainingArguments
@@ -48,3 +49,15 @@ def test_training_step_bookkeeping_on_a_bare_trainer(tmp_path, monkeypatch):
     )
     assert trainer.training_step(None, {}).item() == 1.0
     assert trainer._micro_batches_of_step == 0  # one micro-batch per step: the step closed
+
+
+def test_skipping_non_finite_steps_is_refused_under_deepspeed(tmp_path):
+    """DeepSpeed steps inside the backward pass, before the norm is known: refused before the first step."""
+
+    from trl_aspo import ASPOConfig, ASPOTrainer
+
+    trainer = object.__new__(ASPOTrainer)
+    trainer.args = ASPOConfig(output_dir=str(tmp_path), skip_nonfinite_grad_steps=True, report_to="none", use_cpu=True)
+    trainer.is_deepspeed_enabled = True
+    with pytest.raises(ValueError, match=r"skip_nonfinite_grad_steps=True cannot act under DeepSpeed"):
+        trainer.train()

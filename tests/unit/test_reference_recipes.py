@@ -73,3 +73,13 @@ def test_k3_kl_clamp_by_hand():
     k3_kl(torch.tensor([100.0]), policy, clamp=10.0).sum().backward()
     assert policy.grad.tolist() == [0.0]
     assert torch.isinf(k3_kl(torch.tensor([100.0]), torch.zeros(1)))
+
+
+@pytest.mark.parametrize("path", RECIPES)
+def test_recipes_skip_non_finite_steps_and_name_their_last_differences(path):
+    """verl skips an optimizer step whose gradient norm is not finite (dp_actor.py); the recipe does too, and its
+    comments name the differences TRL cannot express (issue 25, item 16)."""
+    assert parse_recipe(path).skip_nonfinite_grad_steps is True
+    text = open(path).read()
+    for difference in ("partial groups", "2,048 tokens", "std + 1e-4", "skip_nonfinite_grad_steps false"):
+        assert difference in text, difference

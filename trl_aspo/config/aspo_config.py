@@ -151,7 +151,7 @@ SINGLE_STREAM = Section(
     "`advantage_estimator='spo'` or `'spo++'`; with these, `num_generations=1` is allowed.",
 )
 PRIORITIZED = Section("Prioritized sampling", "Prompts drawn by the value tracker's estimates (spo/spo++ only).")
-OPTIMIZATION = Section("Optimization", "How the learning-rate schedule is stepped.")
+OPTIMIZATION = Section("Optimization", "How the learning-rate schedule and the optimizer are stepped.")
 LOGGING = Section("Logging", "What is logged besides TRL's metrics.")
 
 
@@ -684,6 +684,15 @@ class ASPOFieldsMixin:
             ),
         ),
         unsupported={ASYNC: "the asynchronous trainer generates continuously: no rounds to step a schedule by"},
+    )
+
+    skip_nonfinite_grad_steps: bool = OPTIMIZATION.field(
+        False,
+        help="Skip an optimizer step whose gradient norm is not finite (NaN or inf), as the ASPO reference (verl) "
+        "does: weights and optimizer moments stay as they were, the learning-rate schedule still advances, "
+        "and `optim/skipped_nonfinite_step` logs the share of skipped steps. The norm is the global one, so "
+        "every rank skips alike. Not under DeepSpeed, which steps inside the backward pass (refused).",
+        independent="acts on every optimizer step of either trainer, whatever else is set",
     )
 
     # --- Logging ------------------------------------------------------------------------------------------------

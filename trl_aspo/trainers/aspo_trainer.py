@@ -33,6 +33,7 @@ from trl_aspo.trainers.grpo_loss import GRPOLossMixin, action_mask
 from trl_aspo.trainers.grpo_prepass import GRPOValuePrepassMixin
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
+from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.trainers.visit_drift import VisitDrift
 from trl_aspo.values.prompt_ids import prompt_keys
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts
@@ -56,7 +57,9 @@ from trl_aspo.values.single_stream import (
 from trl_aspo.values.tracker import EventValueTracker
 
 
-class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMixin, GRPOTrainer):
+class ASPOTrainer(
+    TiedWeightsCheckpointMixin, NonFiniteStepGuardMixin, GRPOValuePrepassMixin, GRPOLossMixin, GRPOTrainer
+):
     """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
     advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).
 
@@ -66,6 +69,7 @@ class ASPOTrainer(TiedWeightsCheckpointMixin, GRPOValuePrepassMixin, GRPOLossMix
     TRL methods overridden, each the smallest hook available:
 
     - `train`: runs the value pre-pass before TRL's loop on a fresh start.
+    - `_get_grad_norm`: `skip_nonfinite_grad_steps` drops a step's gradients when their norm is not finite.
     - `_get_train_sampler`: prioritized sampling replaces TRL's `RepeatSampler` with placeholder rows.
     - `_calculate_rewards`: TRL computes its baseline inline and returns no gathered rewards; they are kept here.
     - `_generate_and_score_completions`: the advantages of a round are replaced after TRL's generation and scoring.

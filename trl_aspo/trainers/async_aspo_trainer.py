@@ -50,6 +50,7 @@ from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
+from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.values.prompt_ids import prompt_key
 from trl_aspo.values.scoring import StepScorer, check_correct_reward_name, warn_if_tool_shaping_runs_no_tools
 from trl_aspo.values.single_stream import (
@@ -73,7 +74,9 @@ def _conversation_id(sample) -> tuple[int, str] | object:
     return object() if rollout_id is None else (sample.group_id, rollout_id)
 
 
-class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, AsyncGRPOLossMixin, AsyncGRPOTrainer):
+class AsyncASPOTrainer(
+    TiedWeightsCheckpointMixin, NonFiniteStepGuardMixin, LocalWorkerResumeMixin, AsyncGRPOLossMixin, AsyncGRPOTrainer
+):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults.
 
     TRL methods overridden, each the smallest hook available:
@@ -81,6 +84,7 @@ class AsyncASPOTrainer(TiedWeightsCheckpointMixin, LocalWorkerResumeMixin, Async
     - `train`: runs the value pre-pass before TRL's loop on a fresh start.
     - `get_train_dataloader`: TRL builds the rollout dataset and its batcher inside it; scoring sits between them.
     - `get_batch_samples`: counts one optimizer step's action tokens and completions for `aspo_aggregation`.
+    - `_get_grad_norm`: `skip_nonfinite_grad_steps` drops a step's gradients when their norm is not finite.
     - `compute_loss`: TRL's PPO loss is inlined in it; the aspo loss runs on the same packed forward.
     - `training_step`: marks the end of an optimizer step for the checkpointed tracker state.
     - `log`: closes the weight map's logging window.

@@ -13,6 +13,8 @@ Layers, each a package whose imports point down only (checked by tests/unit/test
     algorithms/   pure tensor functions: losses, KL, shaping, normalization, filters, tool metrics, weight map
 """
 
+import warnings
+
 from trl_aspo import _moved
 
 __version__ = "0.1.0"
@@ -28,6 +30,9 @@ _LAZY = {
 }
 
 _moved.install()
+# TRL 1.16 calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
+# `activation_checkpointing`) whenever a config or trainer is built: three FutureWarnings a user cannot act on.
+warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
 
 
 def __getattr__(name):

@@ -157,8 +157,13 @@ def test_every_command_of_the_readme_first_sections_runs(tmp_path):
 
 @pytest.mark.slow
 def test_the_trl_code_example_runs_as_written_on_a_cpu(tmp_path):
-    """The "Use it in existing TRL code" block, unchanged: the built-in model, task, reward and tool on a CPU."""
+    """The "Use it in existing TRL code" block, unchanged: the built-in model, task, reward and tool on a CPU; it logs
+    every step and prints no warning a user cannot act on (issue 25, item 13: torch's pin_memory notice, TRL's calls
+    of transformers' renamed gradient-checkpointing API)."""
     ((_, _, code),) = [block for block in readme_blocks() if block[0].startswith("Use it in existing TRL code")]
     result = run_in(tmp_path, [sys.executable, "-c", code])
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "out" / "checkpoint-6" / "model.safetensors").exists()
+    output = result.stdout + result.stderr
+    assert output.count("'loss':") == 6
+    assert "Warning" not in output, [line for line in output.splitlines() if "Warning" in line]

@@ -162,3 +162,15 @@ def test_on_policy_aspo_warns_how_to_make_the_flip_act():
         warnings.simplefilter("error", UserWarning)
         make()  # TRL's loss: nothing to warn about
         make(multi_objective_aggregation="normalize_then_sum")  # honoured by TRL's group scaling
+
+
+def test_pinned_memory_is_off_where_no_accelerator_can_use_it(tmp_path):
+    """torch's data loader warns on every run that pinned memory is unused without an accelerator (issue 25, item
+    13); where one exists the TRL default (True) stays."""
+    import torch
+
+    from trl_aspo import ASPOConfig
+
+    assert ASPOConfig(output_dir=str(tmp_path), use_cpu=True).dataloader_pin_memory is False
+    default = ASPOConfig(output_dir=str(tmp_path), bf16=False).dataloader_pin_memory
+    assert default is torch.accelerator.is_available()

@@ -14,6 +14,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
+import torch
 from trl import GRPOConfig
 
 from trl_aspo.algorithms.weight_map import WEIGHT_MAP_LOSS_TYPES
@@ -742,8 +743,12 @@ class ASPOFieldsMixin:
     )
 
     def _validate_aspo_fields(self) -> None:
-        """Every declared field's type, trainer support, bound, choices and checks (trl_aspo.config.fields)."""
+        """Every declared field's type, trainer support, bound, choices and checks (trl_aspo.config.fields); and
+        `dataloader_pin_memory` off where no accelerator exists, since torch's data loader warns on every run that
+        pinned memory is unused there (the default stays True wherever pinning can act)."""
         check_values(self, aspo_field_types())
+        if self.dataloader_pin_memory and (self.use_cpu or not torch.accelerator.is_available()):
+            self.dataloader_pin_memory = False
 
     def field_dependencies(self) -> tuple[Dependency, ...]:
         """Every dependency this config checks, field by field: each field's section rule (loss_type='aspo' for the

@@ -30,9 +30,10 @@ quickstart-async: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/trl-aspo train --config configs/smoke.yaml
 
-# The whole suite (tests/unit and tests/integration), naming the 15 slowest tests at the end.
+# The whole suite (tests/unit and tests/integration): a line after each test file (its outcomes, seconds and the
+# count so far), and the 15 slowest tests at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 --file-progress
 
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)
@@ -57,7 +58,7 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
 install-vllm: $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q tests/vllm_tier
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q --file-progress tests/vllm_tier
 
 # Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.
 .PHONY: gpu-wheels

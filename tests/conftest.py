@@ -58,3 +58,71 @@ def tiny_config(tmp_path):
         )
 
     return make
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--file-progress",
+        action="store_true",
+        help="after each test file, print a line with its outcomes, its seconds and the run's count so far",
+    )
+
+
+class FileProgress:
+    """`--file-progress` (used by `make test`): the suite runs for minutes, and dots alone do not say where it is."""
+
+    def __init__(self, reporter, total: int):
+        self.reporter, self.total, self.done = reporter, total, 0
+        self.file, self.started, self.outcomes = None, 0.0, {}
+
+    def start(self, nodeid: str) -> None:
+        import time
+
+        file = nodeid.split("::")[0]
+        if file != self.file:
+            self.flush()
+            self.file, self.started, self.outcomes = file, time.monotonic(), {}
+
+    def report(self, report) -> None:
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+            self.done += 1
+
+    def flush(self) -> None:
+        import time
+
+        if self.file is None:
+            return
+        outcomes = ", ".join(f"{count} {outcome}" for outcome, count in sorted(self.outcomes.items()))
+        if self.reporter._tw.width_of_current_line:  # in the middle of a line of dots
+            self.reporter.write("\n")
+        self.reporter.write_line(
+            f"[{self.done}/{self.total}] {self.file}: {outcomes} in {time.monotonic() - self.started:.0f} s"
+        )
+        self.file = None
+
+
+_file_progress: FileProgress | None = None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    global _file_progress
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if session.config.getoption("--file-progress") and reporter is not None:
+        _file_progress = FileProgress(reporter, len(session.items))
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _file_progress is not None:
+        _file_progress.start(nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if _file_progress is not None:
+        _file_progress.report(report)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _file_progress is not None:
+        _file_progress.flush()

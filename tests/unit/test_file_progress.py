@@ -1,0 +1,28 @@
+"""`--file-progress` (tests/conftest.py, used by `make test`): one line per test file with its outcomes, its seconds
+and the count so far, so a long run shows where it is (issue 25, item 14)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_file_gets_a_line_with_its_outcomes_and_the_running_count():
+    files = ["tests/unit/test_normalize.py", "tests/unit/test_packed.py"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--file-progress", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    lines = re.findall(r"^\[(\d+)/(\d+)\] (\S+): (\d+) passed in \d+ s$", result.stdout, re.MULTILINE)
+    assert [line[2] for line in lines] == files
+    (first_done, total, _, first_passed), (second_done, total_again, _, second_passed) = lines
+    assert total == total_again == second_done
+    assert int(first_done) == int(first_passed) and int(second_done) == int(first_passed) + int(second_passed)

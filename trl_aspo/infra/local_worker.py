@@ -23,7 +23,6 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import json
 import logging
 import os
 import queue
@@ -37,15 +36,71 @@ from typing import Any
 import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
 from trl_aspo.infra.generation import load_named_tensors, sample_completion
+from trl_aspo.infra.json_files import read_json, require_int, require_object, write_json_atomic
 from trl_aspo.infra.model_paths import resolve_model_path
 
 logger = logging.getLogger(__name__)
+
+
+ROLLOUT_STATE_FILE = "rollout_state.json"
+# rollout_state.json holds two integers; anything near this size is not one.
+ROLLOUT_STATE_MAX_BYTES = 4096
+
+
+def checkpoint_global_step(checkpoint: str) -> int | None:
+    """`global_step` of the checkpoint's `trainer_state.json` (checked: an integer >= 0), None without the file."""
+    path = os.path.join(checkpoint, TRAINER_STATE_NAME)
+    if not os.path.exists(path):
+        return None
+    state = require_object(read_json(path), path)
+    return require_int(state.get("global_step"), path, "global_step", low=0)
+
+
+def rollout_state_bounds(
+    global_step: int | None, samples_per_step: int, drops_groups: bool, republishes: bool
+) -> tuple[int | None, int | None]:
+    """The largest `prompt_index` and `model_version` a `rollout_state.json` saved at `global_step` can hold (None:
+    no bound; where the step is unknown, neither is bounded).
+
+    - `prompt_index` counts the prompt groups before the first untrained one, over all epochs (the worker starts at
+      `prompt_index % rows`, so it may exceed the rows). A group counts once one of its completions is trained, and
+      a step trains at most `samples_per_step` completions, so it is at most `global_step * samples_per_step`, unless
+      groups are consumed untrained (`drops_groups`: `filter_zero_variance_groups` drops whole groups, any number a
+      step), which leaves it unbounded.
+    - `model_version` counts weight syncs: at most one a step, plus the cold sync at each (re)start; a resume that
+      republishes the checkpoint's version (`republishes`: always for the local worker) mints none, and a checkpoint
+      after a restart follows at least one more step, so it is at most `1 + global_step` (`1 + 2 * global_step`)."""
+    if global_step is None:
+        return None, None
+    max_prompt_index = None if drops_groups else global_step * samples_per_step
+    return max_prompt_index, 1 + global_step * (1 if republishes else 2)
+
+
+def read_rollout_state(path: str, max_prompt_index: int | None, max_model_version: int | None) -> dict[str, int]:
+    """`{"prompt_index": int, "model_version": int}` (the version optional: older files lack it) of a checkpoint's
+    `rollout_state.json`, each in `[0, max_*]` (`rollout_state_bounds`; None: no upper bound); `ValueError` naming
+    the file, the field, the value and the allowed range otherwise."""
+    state = require_object(read_json(path, max_bytes=ROLLOUT_STATE_MAX_BYTES), path)
+    unknown = sorted(set(state) - {"prompt_index", "model_version"})
+    if unknown:
+        raise ValueError(f"{path}: unknown fields {unknown}; a rollout state holds prompt_index and model_version.")
+    if "prompt_index" not in state:
+        raise ValueError(f"{path}: prompt_index is missing (the first untrained prompt group, an integer >= 0).")
+    why = "" if max_prompt_index is None else " (the prompt groups the checkpoint's optimizer steps can train)"
+    checked = {"prompt_index": require_int(state["prompt_index"], path, "prompt_index", 0, max_prompt_index, why)}
+    if "model_version" in state:
+        why = "" if max_model_version is None else " (one cold sync, then at most one weight sync per optimizer step)"
+        checked["model_version"] = require_int(
+            state["model_version"], path, "model_version", 0, max_model_version, why
+        )
+    return checked
 
 
 class SharedValue:
@@ -352,8 +407,8 @@ class LocalWorkerResumeMixin:
             os.makedirs(checkpoint_dir, exist_ok=True)
             first_untrained = next(group for group in itertools.count() if group not in self._trained_groups)
             prompt_index = self.rollout_worker._loop_kwargs["dataset_start_index"] + first_untrained
-            with open(os.path.join(checkpoint_dir, "rollout_state.json"), "w") as handle:
-                json.dump({"prompt_index": prompt_index, "model_version": self.model_version}, handle)
+            state = {"prompt_index": prompt_index, "model_version": self.model_version}
+            write_json_atomic(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE), state)
         super()._save_checkpoint(model, trial)
 
     def _inner_training_loop(self, *args, **kwargs):
@@ -373,26 +428,42 @@ class LocalWorkerResumeMixin:
             return False
         if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
             return False
-        state_file = os.path.join(checkpoint, "rollout_state.json")
-        if not os.path.isfile(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
-            return False
-        with open(state_file) as handle:
-            return json.load(handle).get("model_version", 0) > 0
+        state = self._read_rollout_state(checkpoint)
+        return state is not None and state.get("model_version", 0) > 0
+
+    def _read_rollout_state(self, checkpoint: str) -> dict | None:
+        """The checkpoint's `rollout_state.json`, checked (`read_rollout_state`) against the bounds of this run and
+        of the checkpoint's `global_step`; None when there is none or the dataset is not map-style (TRL's rules).
+        TRL's own worker reads the file again after this check, so a bad file is refused before either reads it."""
+        state_file = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
+        # `lexists`, not TRL's `isfile`: a link to a device or a folder in its place is refused, not skipped.
+        if not os.path.lexists(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
+            return None
+        args = self.args
+        per_row = (
+            args.token_budget if (getattr(args, "token_budget", None) or 0) > 0 else args.per_device_train_batch_size
+        )
+        local = isinstance(self.rollout_worker, LocalRolloutWorker)
+        max_prompt_index, max_model_version = rollout_state_bounds(
+            checkpoint_global_step(checkpoint),
+            samples_per_step=per_row * args.gradient_accumulation_steps * self.accelerator.num_processes,
+            drops_groups=bool(getattr(args, "filter_zero_variance_groups", False)),
+            republishes=local,
+        )
+        return read_rollout_state(state_file, max_prompt_index, max_model_version)
 
     def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
         self.rollout_worker._loop_kwargs["dataset_start_index"] = 0
         self._groups_before_resume = 0
         if checkpoint is None:
             return
-        state_file = os.path.join(checkpoint, "rollout_state.json")
-        if not os.path.isfile(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
+        state = self._read_rollout_state(checkpoint)
+        if state is None:
             logger.warning(
                 f"{checkpoint} records no prompt position (rollout_state.json) or the dataset is not a map-style "
                 "datasets.Dataset: the local rollout worker restarts from prompt 0."
             )
             return
-        with open(state_file) as handle:
-            state = json.load(handle)
         self.rollout_worker._loop_kwargs["dataset_start_index"] = state["prompt_index"]
         self._groups_before_resume = state["prompt_index"]
         self.model_version = state.get("model_version", 0)

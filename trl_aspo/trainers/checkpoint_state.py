@@ -11,7 +11,8 @@ state only once its JSON exists, and a reader never sees half a file. Reading va
 file in every error. Nothing is unpickled: a legacy `aspo_state.pt` is read with `torch.load(weights_only=True)` only.
 Every part a resume restores is checked on load with the rules its owner applies on the way in: the value tracker by
 its kind's check (`check_event_tracker_state`, `check_visit_tracker_state`, `check_async_event_values_state`), SPO's
-stored visits (token ids, masks, finite log-probs) and the sampler's counters.
+stored visits (token ids, masks, finite log-probs), the sampler's counters and the asynchronous trainer's
+first-dispatch versions (integers no later than the checkpoint's model version).
 """
 
 from __future__ import annotations
@@ -226,6 +227,28 @@ def _check_sampler(state: dict[str, Any], path: str) -> None:
             raise ValueError(f"checkpoint state {path}: sampler.{name} must be an integer{bound}, got {value!r}.")
 
 
+def _check_prompt_dispatches(state: dict[str, Any], path: str) -> None:
+    """The asynchronous trainer's first-dispatch versions: an object of integer versions by tracker key, each in
+    `[0, value_event]`. The trainer saves its model version as `value_event`, and a prompt is dispatched at a model
+    version the trainer has already published, so no dispatch is newer than the checkpoint."""
+    dispatches = state.get("prompt_dispatches")
+    if dispatches is None:
+        return
+    if not isinstance(dispatches, dict):
+        raise ValueError(
+            f"checkpoint state {path}: prompt_dispatches must be an object of versions by tracker key, got "
+            f"{type(dispatches).__name__}."
+        )
+    latest = state["value_event"]
+    for key, version in dispatches.items():
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= latest:
+            raise ValueError(
+                f"checkpoint state {path}: prompt_dispatches[{key!r}] must be an integer model version in "
+                f"[0, {latest}] (value_event, the checkpoint's model version: no prompt is dispatched at a later "
+                f"one), got {version!r:.60}."
+            )
+
+
 def load_checkpoint_state(checkpoint_dir: str) -> dict[str, Any]:
     """The trainer state saved in `checkpoint_dir`: `value_event`, `aspo_kl_coef`, and where present `tracker`,
     `sampler` (each class's own `state_dict()`) and `config` (the fields a resume compares).
@@ -241,4 +264,5 @@ def load_checkpoint_state(checkpoint_dir: str) -> dict[str, Any]:
     _check_tracker(state, path)
     _check_visit_store(state, path)
     _check_sampler(state, path)
+    _check_prompt_dispatches(state, path)
     return state

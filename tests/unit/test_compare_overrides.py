@@ -3,10 +3,13 @@ command itself: tests/integration/test_experiments_overrides.py)."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from helpers import two_by_two
 
 from trl_aspo.cli.compare import apply_command_line, load_experiment, parse_override
+from trl_aspo.trainers.resume import cli_command
 
 
 def test_overrides_are_read_as_yaml_and_kept_in_file_order(tmp_path):
@@ -33,6 +36,7 @@ def test_ctrl_c_during_a_comparison_says_how_to_continue(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit) as exit_info:
         experiments.compare_main(["--config", config, "--seeds", "0", "max_steps=2"])
     assert exit_info.value.code == 130
+    command = shlex.join([*cli_command(), "compare", "--config", config, "--seeds", "0", "max_steps=2"])
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"Interrupted; finished runs are kept. Continue with: trl-aspo compare --config {config} --seeds 0 max_steps=2"
+        f"Interrupted; finished runs are kept. Continue with: {command}"
     )

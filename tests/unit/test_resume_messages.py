@@ -3,12 +3,15 @@ interrupted runs: tests/integration/test_interrupt_resume.py)."""
 
 from __future__ import annotations
 
-from trl_aspo.trainers.resume import interrupt_message, resolve_resume_checkpoint, resume_command
+import shlex
+
+from trl_aspo.trainers.resume import cli_command, interrupt_message, resolve_resume_checkpoint, resume_command
 
 
 def test_resume_from_checkpoint_true_is_the_latest_checkpoint(tmp_path):
     for step in (2, 10, 4):
         (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     (tmp_path / "checkpoint-x").mkdir()
     assert resolve_resume_checkpoint("true", str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert resolve_resume_checkpoint(True, str(tmp_path)) == str(tmp_path / "checkpoint-10")
@@ -23,4 +26,6 @@ def test_interrupt_message_without_a_checkpoint_and_the_resume_command(tmp_path)
         "save_steps keep some)."
     )
     command = resume_command(["--config", "my run.yaml", "--resume_from_checkpoint", "old", "--seed", "1"], "out/c-4")
-    assert command == "trl-aspo train --config 'my run.yaml' --seed 1 --resume_from_checkpoint out/c-4"
+    assert command == shlex.join(
+        [*cli_command(), "train", "--config", "my run.yaml", "--seed", "1", "--resume_from_checkpoint", "out/c-4"]
+    )

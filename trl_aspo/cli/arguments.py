@@ -17,13 +17,19 @@ sees them, and the version stamp keeps it from answering for a TRL it was not ma
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import itertools
 import json
+import reprlib
+import shlex
 import shutil
 import sys
 import textwrap
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
+
+from trl_aspo.trainers.resume import existing_checkpoints, resolve_resume_checkpoint
 
 FIELD_TABLE = Path(__file__).with_name("train_fields.json")
 # Keys of a `trl-aspo train` YAML that are not dataclass fields: TrlParser reads `env` itself.
@@ -37,6 +43,34 @@ LAUNCH_FLAG_HELP = (
     ("--mixed_precision, --multi_gpu", "passed to `accelerate launch`"),
 )
 TRUE_WORDS, FALSE_WORDS = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")
+# Nodes that YAML aliases may add beyond those written in a file: a config holds a few hundred values, while nine
+# nested lists of ten aliases each (the "billion laughs") stand for 10^9.
+ALIAS_EXPANSION_LIMIT = 100_000
+# A value in a message is shown at most this long (a repr is built only up to its bounds: see `shown`).
+SHOWN_CHARACTERS = 120
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 80, 80
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 6
+# `report_to` integration -> (the modules transformers' callback imports, any one of them; the pip package).
+REPORT_TO_PACKAGES = {
+    "azure_ml": (("azureml.core",), "azureml-sdk"),
+    "clearml": (("clearml",), "clearml"),
+    "codecarbon": (("codecarbon",), "codecarbon"),
+    "comet_ml": (("comet_ml",), "comet-ml"),
+    "dagshub": (("dagshub",), "dagshub"),
+    "dvclive": (("dvclive",), "dvclive"),
+    "flyte": (("flytekitplugins.deck",), "flytekitplugins-deck-standard"),
+    "mlflow": (("mlflow",), "mlflow"),
+    "neptune": (("neptune",), "neptune"),
+    "swanlab": (("swanlab",), "swanlab"),
+    "tensorboard": (("tensorboard", "tensorboardX"), "tensorboard"),
+    "trackio": (("trackio",), "trackio"),
+    "wandb": (("wandb",), "wandb"),
+}
+# transformers' own integrations that need no package (kubeflow reads environment variables).
+REPORT_TO_WITHOUT_PACKAGE = ("all", "none", "kubeflow")
+# Stands for every value of a text switch that its dependency's condition does not name (see `_switch_domain`).
+OTHER_TEXT = "\u0000any other value"
 
 
 class ConfigurationError(ValueError):
@@ -58,6 +92,95 @@ def report(prog: str, error: ConfigurationError, hint: str | None = None) -> NoR
     lines.append(hint or f"Run `{prog} --help` for every field.")
     print("\n".join(lines), file=sys.stderr)
     raise SystemExit(2)
+
+
+def shown(value: Any) -> str:
+    """A bounded repr of `value` for a message: nested containers are cut after a few items and levels while the repr
+    is built (so an enormous value costs no memory), then the text after `SHOWN_CHARACTERS`."""
+    text = _SHORT_REPR.repr(value)
+    return text if len(text) <= SHOWN_CHARACTERS else text[: SHOWN_CHARACTERS - 3] + "..."
+
+
+# ----------------------------------------------------------------------------------------------------------- YAML
+def load_yaml(text: str, source: str) -> Any:
+    """The value of one YAML document, read as every `trl-aspo` command reads YAML (`--config` files of train,
+    evaluate and compare, `compare key=value` overrides): YAML's safe types only, and aliases that stand for at most
+    `ALIAS_EXPANSION_LIMIT` nodes beyond those written. ConfigurationError naming `source` (and the line) otherwise.
+
+    Aliases are bounded rather than refused: a variant written as `<<: *common` plus its own keys is plain YAML.
+    An alias does not copy its node (the loaded value shares it), but every consumer of a config walks it as a
+    tree (the dataclass checks, `json.dumps` of a run config, a repr in a message), and a tree of 10^9 nodes ends
+    in MemoryError there; the walk here counts each distinct node once (linear in the file)."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                self.aliases.setdefault(f"*{event.anchor}", event.start_mark.line + 1)
+            return super().compose_node(parent, index)
+
+    loader = BoundedLoader(text)
+    loader.aliases = {}  # alias -> the line it is first used on
+    try:
+        node = loader.get_single_node()
+        if node is not None and loader.aliases:
+            written, expanded = _node_counts(node)
+            if expanded - written > ALIAS_EXPANSION_LIMIT:
+                named = [f"{alias} (line {line})" for alias, line in list(loader.aliases.items())[:3]]
+                raise ConfigurationError(
+                    [
+                        f"{source}: its aliases ({', '.join(named)}"
+                        f"{', ...' if len(loader.aliases) > 3 else ''}) expand to {expanded:,} values for the "
+                        f"{written:,} written; at most {ALIAS_EXPANSION_LIMIT:,} more are allowed (an alias bomb?): "
+                        "write the values out"
+                    ]
+                )
+        return None if node is None else loader.construct_document(node)
+    except yaml.constructor.ConstructorError as error:
+        mark = error.problem_mark
+        line = "" if mark is None else f" (line {mark.line + 1})"
+        problem = " ".join(str(error.problem or error).split()).replace("tag:yaml.org,2002:", "!!")
+        if "python/" in problem:
+            problem = f"{problem}: trl-aspo reads plain YAML only, and python tags would build objects or run code"
+        raise ConfigurationError([f"{source}{line}: {problem}"]) from None
+    except RecursionError:
+        raise ConfigurationError([f"{source}: nested too deeply, or an alias inside its own anchor"]) from None
+    except yaml.YAMLError as error:
+        raise ConfigurationError([f"{source}: not valid YAML: {' '.join(str(error).split())}"]) from None
+    finally:
+        loader.dispose()
+
+
+def _node_counts(root) -> tuple[int, int]:
+    """(distinct nodes, nodes counting each alias as a copy of its anchor's node) of a composed YAML node graph, each
+    distinct node visited once; RecursionError for an alias inside its own anchor (a cycle)."""
+    import yaml
+
+    seen: set[int] = set()
+    expanded: dict[int, int] = {}
+    visiting: set[int] = set()
+
+    def walk(node) -> int:
+        key = id(node)
+        if key in expanded:
+            return expanded[key]
+        if key in visiting:
+            raise RecursionError("an alias inside its own anchor")
+        visiting.add(key)
+        seen.add(key)
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [item for pair in node.value for item in pair]
+        else:
+            children = []
+        expanded[key] = 1 + sum(walk(child) for child in children)
+        visiting.discard(key)
+        return expanded[key]
+
+    total = walk(root)
+    return len(seen), total
 
 
 # ------------------------------------------------------------------------------------------------- the field table
@@ -130,7 +253,73 @@ def build_field_table() -> dict[str, Any]:
                     }
                 )
         trainers[trainer] = fields
-    return {"versions": installed_versions(), "trainers": trainers}
+    dependencies = {trainer: dependency_table(config_classes(trainer)[1], trainers[trainer]) for trainer in TRAINERS}
+    return {"versions": installed_versions(), "trainers": trainers, "dependencies": dependencies}
+
+
+def dependency_table(config_class, fields: list[dict]) -> list[dict]:
+    """The refusing dependencies of `config_class` (`trl_aspo.config.fields.Dependency`) that the given values
+    alone decide, as data `dependency_problems` reads without importing the config: each with the values its
+    switches can take (`_switch_domain`) and the combinations where the option does nothing (`fails`).
+
+    Left out: dependencies with a numeric switch (no finite table), of an option whose default is derived in
+    `__post_init__`, or whose condition reads more than its switches (it fails on the stand-in object)."""
+    import dataclasses
+    import types
+
+    from trl_aspo.config.fields import config_dependencies, field_spec
+
+    by_name = {field["name"]: field for field in fields}
+    config_fields = {config_field.name: config_field for config_field in dataclasses.fields(config_class)}
+    rows = []
+    for dependency in config_dependencies(config_class, config_class._trainer):
+        spec = field_spec(config_fields[dependency.option]) if dependency.option in config_fields else None
+        if not dependency.refuse or dependency.option not in by_name or (spec is not None and spec.derived):
+            continue
+        domains = [_switch_domain(by_name.get(switch), dependency.holds) for switch in dependency.switches]
+        if any(domain is None for domain in domains):
+            continue
+        try:
+            fails = [
+                list(values)
+                for values in itertools.product(*domains)
+                if not dependency.holds(types.SimpleNamespace(**dict(zip(dependency.switches, values, strict=True))))
+            ]
+        except Exception:  # noqa: BLE001 - a condition that reads more than its switches: left to the config
+            continue
+        rows.append(
+            {
+                "option": dependency.option,
+                "switches": list(dependency.switches),
+                "needs": dependency.needs,
+                "why": dependency.why,
+                "domains": domains,
+                "fails": fails,
+            }
+        )
+    return rows
+
+
+def _switch_domain(field: dict | None, holds) -> list | None:
+    """The values a switch of `holds` is tabulated over: a boolean's two, a choice's choices, and for text the
+    default, the strings the condition names (its constants, and the strings of the tuples and sets it reads) and
+    `OTHER_TEXT` standing for any other string (a condition that only compares with named strings treats them
+    alike). None for any other kind of switch."""
+    if field is None:
+        return None
+    if field["kind"] == "bool":
+        return [True, False]
+    if field["kind"] == "choice":
+        return list(field["choices"])
+    if field["kind"] != "str" or field["list"]:
+        return None
+    code = holds.__code__
+    named = [value for value in code.co_consts if isinstance(value, str)]
+    for name in code.co_names:
+        value = holds.__globals__.get(name)
+        if isinstance(value, tuple | frozenset | set | list):
+            named += [item for item in value if isinstance(item, str)]
+    return list(dict.fromkeys([field["default"], *named, OTHER_TEXT]))
 
 
 def field_table() -> dict[str, Any]:
@@ -176,17 +365,15 @@ def config_path(argv: list[str]) -> str | None:
 
 def read_config(path: str) -> dict[str, Any]:
     """The mapping of a `--config` YAML file; ConfigurationError naming the file when it cannot be one."""
-    import yaml
-
     if path == "":
         raise ConfigurationError(["--config: needs a YAML file"])
     if not Path(path).expanduser().is_file():
         raise ConfigurationError([f"--config {path!r}: no such file"])
     try:
-        with open(Path(path).expanduser()) as handle:
-            config = yaml.safe_load(handle)
-    except yaml.YAMLError as error:
-        raise ConfigurationError([f"--config {path!r}: not valid YAML: {' '.join(str(error).split())}"]) from None
+        text = Path(path).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigurationError([f"--config {path!r}: cannot be read: {error}"]) from None
+    config = load_yaml(text, f"--config {path!r}")
     if config is None:
         return {}
     if not isinstance(config, dict):
@@ -224,6 +411,16 @@ def flag_values(argv: list[str]) -> list[tuple[str, list[str]]]:
     return pairs
 
 
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "choice": "one of its choices"}
+# The built-in names of trl_aspo.builtin.registry, spelled out: importing `trl_aspo.builtin` loads the built-in
+# models (torch), which these checks must not (tests/unit/test_cli_first_hour.py compares them with the registry).
+BUILTIN_REWARD_NAMES = ("builtin:correctness",)
+BUILTIN_TOOL_NAMES = ("builtin:calculator", "builtin:one-op-calculator")
+BUILTIN_DATASET_NAMES = ("builtin:calculator", "builtin:multicall")
+# List fields whose entries name functions: the built-in names each accepts.
+NAME_LISTS = {"reward_funcs": BUILTIN_REWARD_NAMES, "tools": BUILTIN_TOOL_NAMES}
+
+
 def _suggest(word: str, names) -> str:
     match = difflib.get_close_matches(word, list(names), n=1)
     return f"; did you mean {match[0]}?" if match else ""
@@ -231,15 +428,27 @@ def _suggest(word: str, names) -> str:
 
 def value_problem(field: dict[str, Any], value: Any, where: str) -> str | None:
     """Why `value` (a YAML value or a flag's words) does not fit `field`, as argparse would convert it; None if
-    it fits. Only text is converted (as argparse converts only text): other YAML values go to the dataclass."""
+    it fits. Only text is converted (as argparse converts only text): other YAML values go to the dataclass, except
+    a list or mapping for a number, a boolean or a choice, and a non-text entry of a list of function names."""
     name = field["name"]
     if field["list"]:
         if not isinstance(value, list):
-            shown = f"[{value}]" if isinstance(value, str) else "[...]"
-            return f"{name} ({where}): a list, e.g. {shown}; got the {type(value).__name__} {value!r}"
+            example = f"[{value}]" if isinstance(value, str) else "[...]"
+            return f"{name} ({where}): a list, e.g. {example}; got the {type(value).__name__} {shown(value)}"
         items = value
     else:
         items = [value]
+        if isinstance(value, list | dict) and field["kind"] in ("int", "float", "bool", "choice"):
+            return f"{name} ({where}): one value ({_KIND_WORDS[field['kind']]}), not the {type(value).__name__} " + (
+                shown(value)
+            )
+    if name in NAME_LISTS:
+        for item in items:
+            if not isinstance(item, str):
+                return (
+                    f"{name} ({where}): entry {shown(item)} ({type(item).__name__}) is not a name; each entry is a "
+                    f"built-in name {sorted(NAME_LISTS[name])} or a dotted import path 'module.function'"
+                )
     for item in items:
         if not isinstance(item, str):
             continue
@@ -247,15 +456,54 @@ def value_problem(field: dict[str, Any], value: Any, where: str) -> str | None:
         if kind == "choice":
             allowed = [str(choice) for choice in field["choices"]]
             if item not in allowed:
-                return f"{name} ({where}): {item!r} is not one of {allowed}{_suggest(item, allowed)}"
+                return f"{name} ({where}): {shown(item)} is not one of {allowed}{_suggest(item, allowed)}"
         elif kind == "bool" and item.lower() not in TRUE_WORDS + FALSE_WORDS:
-            return f"{name} ({where}): {item!r} is not true or false"
+            return f"{name} ({where}): {shown(item)} is not true or false"
         elif kind in ("int", "float"):
             try:
                 (int if kind == "int" else float)(item)
             except ValueError:
-                return f"{name} ({where}): {item!r} is not {'an integer' if kind == 'int' else 'a number'}"
+                return f"{name} ({where}): {shown(item)} is not {_KIND_WORDS[kind]}"
     return None
+
+
+def config_value_problems(config: dict[str, Any], where: str) -> list[str]:
+    """`value_problem` of every key of a config mapping that is a field of its trainer's config (other keys are
+    left to the parser, which names them)."""
+    trainers = field_table()["trainers"]
+    fields = {field["name"]: field for field in trainers.get(config.get("trainer", "sync"), [])}
+    found = (value_problem(fields[key], value, where) for key, value in config.items() if key in fields)
+    return [problem for problem in found if problem]
+
+
+def typed_value(field: dict[str, Any], value: Any) -> Any:
+    """`value` with the type its field gives it, as argparse converts a flag's text (and TrlParser a YAML default
+    that is text: YAML 1.1 reads `2e-4` as a string): numbers, booleans and choices; anything else unchanged."""
+    if field["list"] and isinstance(value, list):
+        return [typed_value({**field, "list": False}, item) for item in value]
+    if not isinstance(value, str):
+        return value
+    kind = field["kind"]
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+    except ValueError:
+        return value
+    if kind == "bool" and value.lower() in TRUE_WORDS + FALSE_WORDS:
+        return value.lower() in TRUE_WORDS
+    if kind == "choice":
+        return next((choice for choice in field["choices"] if str(choice) == value), value)
+    return value
+
+
+def typed_config(config: dict[str, Any], trainer: str | None = None) -> dict[str, Any]:
+    """A config mapping with every value of a known field typed (`typed_value`), for comparing two configs as the
+    runs they make: `learning_rate: '2e-4'` and `learning_rate: 0.0002` are one run."""
+    trainers = field_table()["trainers"]
+    fields = {field["name"]: field for field in trainers.get(trainer or config.get("trainer", "sync"), [])}
+    return {key: typed_value(fields[key], value) if key in fields else value for key, value in config.items()}
 
 
 def check_command_line(argv: list[str]) -> tuple[dict[str, Any], str]:
@@ -356,6 +604,152 @@ def _missing_checkpoint(value: str, what: str) -> str | None:
     if value.lower() in TRUE_WORDS + FALSE_WORDS or Path(value).expanduser().is_dir():
         return None
     return f"{what} {value!r}: no such directory"
+
+
+# ------------------------------------------------------------------------------------- `trl-aspo train` as a whole
+def given_values(argv: list[str], config: dict[str, Any], fields: dict[str, dict]) -> dict[str, Any]:
+    """The fields a checked command line sets, typed (`typed_value`): the YAML's keys, then its flags over them."""
+    values = {key: typed_value(fields[key], value) for key, value in config.items() if key in fields}
+    by_option = {option: field for field in fields.values() for option in field["options"]}
+    negations = {option: field for field in fields.values() for option in field["negations"]}
+    without_config = list(argv)
+    if "--config" in without_config:
+        index = without_config.index("--config")
+        del without_config[index : index + 2]
+    for flag, words in flag_values(without_config):
+        if flag in negations:
+            values[negations[flag]["name"]] = False
+        elif flag in by_option:
+            field = by_option[flag]
+            if field["list"]:
+                value = words
+            elif not words:
+                value = "true"  # a boolean flag given alone (`--use_cpu`)
+            else:
+                value = words[0]
+            values[field["name"]] = typed_value(field, value)
+    return values
+
+
+def check_train_command_line(argv: list[str]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """`check_command_line`, then what a training run needs that only the values show, all before torch loads: a
+    model, reward functions and a dataset; each `report_to` integration installed; the loss-dependent options
+    (`dependency_problems`); a checkpoint to resume from when `resume_from_checkpoint` is true.
+
+    Returns (the YAML mapping, the trainer, the fields the command line sets); raises ConfigurationError."""
+    if config_path(argv) is None and not argv:
+        raise ConfigurationError(
+            [
+                "no --config and no fields: give the run's YAML file, e.g. `trl-aspo train --config "
+                "configs/quickstart.yaml`, or at least --model_name_or_path, --dataset_name and --reward_funcs"
+            ]
+        )
+    config, trainer = check_command_line(argv)
+    table = field_table()
+    fields = {field["name"]: field for field in table["trainers"][trainer]}
+    values = given_values(argv, config, fields)
+    where = "no --config" if config_path(argv) is None else f"neither in {config_path(argv)} nor a flag"
+    problems = []
+    if not values.get("model_name_or_path"):
+        problems.append(
+            f"model_name_or_path: not set ({where}); give a local model directory, a hub id or "
+            "'builtin:tiny-calculator'"
+        )
+    if not values.get("reward_funcs"):
+        problems.append(
+            f"reward_funcs: not set ({where}); give dotted import paths or built-in names "
+            f"{sorted(BUILTIN_REWARD_NAMES)}"
+        )
+    if not values.get("dataset_name") and not values.get("datasets"):
+        problems.append(
+            f"dataset_name: not set ({where}); give a dataset name or one of {sorted(BUILTIN_DATASET_NAMES)} (or "
+            "`datasets`)"
+        )
+    problems += report_to_problems(values.get("report_to"))
+    problems += dependency_problems(values, fields, table.get("dependencies", {}).get(trainer, []))
+    try:
+        resolve_resume_checkpoint(values.get("resume_from_checkpoint"), output_dir(values))
+    except ValueError as error:
+        problems.append(str(error))
+    if problems:
+        raise ConfigurationError(problems)
+    return config, trainer, values
+
+
+def output_dir(values: dict[str, Any]) -> str:
+    """The run's `output_dir`: transformers' default 'trainer_output' when none is given."""
+    return str(values.get("output_dir") or "trainer_output")
+
+
+def report_to_problems(report_to: Any) -> list[str]:
+    """A line for each `report_to` integration whose package is not installed (transformers would fail only when
+    the trainer is built, after the model loads), naming the package to install."""
+    names = report_to if isinstance(report_to, list) else [report_to] if isinstance(report_to, str) else []
+    problems = []
+    for name in names:
+        if name in REPORT_TO_WITHOUT_PACKAGE:
+            continue
+        if name not in REPORT_TO_PACKAGES:
+            allowed = sorted([*REPORT_TO_PACKAGES, *REPORT_TO_WITHOUT_PACKAGE])
+            problems.append(f"report_to: {shown(name)} is not one of {allowed}{_suggest(str(name), allowed)}")
+        elif not any(_installed(module) for module in REPORT_TO_PACKAGES[name][0]):
+            package = REPORT_TO_PACKAGES[name][1]
+            problems.append(
+                f"report_to: {name!r} needs the package {package!r}, which is not installed: "
+                f"`{shlex.join([sys.executable, '-m', 'pip', 'install', package])}`, or remove it from report_to"
+            )
+    return problems
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a dotted name whose parent package is missing
+        return False
+
+
+def dependency_problems(values: dict[str, Any], fields: dict[str, dict], dependencies: list[dict]) -> list[str]:
+    """The refusals of `trl_aspo.config.fields.check_dependencies` that the values alone decide: an option set away
+    from its default while its switches (booleans, choices or text, tabulated in the field table) say it does
+    nothing. The same message as the config's, before torch loads; anything else the config checks itself."""
+    problems = []
+    for dependency in dependencies:
+        option = dependency["option"]
+        if option not in values or option not in fields or values[option] == fields[option]["default"]:
+            continue
+        switches = dependency["switches"]
+        current = [values.get(switch, fields[switch]["default"]) for switch in switches]
+        domains = dependency["domains"]
+        key = [value if value in domain else OTHER_TEXT for value, domain in zip(current, domains, strict=True)]
+        if any(value not in domain for value, domain in zip(key, domains, strict=True)):
+            continue  # a value the table has no row for (a number for a boolean): the config decides
+        if key in dependency["fails"]:
+            got = ", ".join(f"{switch}={shown(value)}" for switch, value in zip(switches, current, strict=True))
+            problems.append(
+                f"{option}={shown(values[option])} is invalid: {dependency['why']}, so it needs {dependency['needs']} "
+                f"(got {got}). Remove {option} or change {', '.join(switches)}."
+            )
+    return problems
+
+
+def existing_checkpoints_warning(values: dict[str, Any]) -> str | None:
+    """The warning for a run that starts afresh (no `resume_from_checkpoint`) in an `output_dir` already holding
+    `checkpoint-*` folders: transformers deletes none of them, but this run's saves overwrite those of the same
+    step, and `save_total_limit` may delete the old ones."""
+    resume = values.get("resume_from_checkpoint")
+    if resume is not None and str(resume).lower() not in FALSE_WORDS + ("", "none"):
+        return None
+    folder = output_dir(values)
+    checkpoints = [path.name for path in existing_checkpoints(folder)]
+    if not checkpoints:
+        return None
+    listed = ", ".join(checkpoints[:5]) + (f" and {len(checkpoints) - 5} more" if len(checkpoints) > 5 else "")
+    return (
+        f"output_dir {folder!r} already holds {listed}, and no resume_from_checkpoint is set: this run starts at "
+        "step 0, and its checkpoints overwrite those of the same step (the others stay, unless save_total_limit "
+        "deletes them). To continue that run, add --resume_from_checkpoint true; to keep it, give another "
+        "--output_dir."
+    )
 
 
 # --------------------------------------------------------------------------------------------------------- help

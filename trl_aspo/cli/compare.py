@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from trl_aspo.cli.arguments import ConfigurationError, report
+from trl_aspo.cli.arguments import ConfigurationError, load_yaml, report, shown, typed_config
 from trl_aspo.cli.plot import has_train_seconds, plot_comparison, plot_weight_maps
+from trl_aspo.trainers.resume import cli_command
 
 EXPERIMENT_KEYS = {
     "description": "free text, printed at the top of results.md",
@@ -120,10 +119,10 @@ def load_experiment(path: str) -> Experiment:
     Each variant's full run config goes through the training parser before anything runs, so a typo in a variant
     fails at once rather than after the runs before it."""
     try:
-        with open(path) as handle:
-            spec = yaml.safe_load(handle)
-    except OSError as error:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as error:
         raise ValueError(f"experiment file {path}: cannot be read: {error}") from None
+    spec = load_yaml(text, f"experiment file {path}")
     if not isinstance(spec, dict):
         _fail(path, "must be a YAML mapping with the keys " + ", ".join(sorted(EXPERIMENT_KEYS)))
     _check_keys(path, "the file", spec, EXPERIMENT_KEYS)
@@ -133,12 +132,12 @@ def load_experiment(path: str) -> Experiment:
 
     seeds = spec["seeds"]
     if not isinstance(seeds, list) or not seeds:
-        _fail(path, f"'seeds' must be a non-empty list of integers, got {seeds!r}")
+        _fail(path, f"'seeds' must be a non-empty list of integers, got {shown(seeds)}")
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            _fail(path, f"'seeds' entry {seed!r} is not a non-negative integer")
+            _fail(path, f"'seeds' entry {shown(seed)} is not a non-negative integer")
     if len(set(seeds)) != len(seeds):
-        _fail(path, f"'seeds' has a repeated seed: {seeds}")
+        _fail(path, f"'seeds' has a repeated seed: {shown(seeds)}")
 
     base = spec["base"]
     if not isinstance(base, dict):
@@ -150,7 +149,7 @@ def load_experiment(path: str) -> Experiment:
     slugs: dict[str, str] = {}
     for name, overrides in variants.items():
         if not isinstance(overrides, dict):
-            _fail(path, f"variant {name!r} must be a mapping of overrides, got {overrides!r}")
+            _fail(path, f"variant {name!r} must be a mapping of overrides, got {shown(overrides)}")
         if not slug(name) or slug(name) in slugs:
             _fail(path, f"variant name {name!r} gives the same folder name as {slugs.get(slug(name))!r}; rename it")
         slugs[slug(name)] = name
@@ -170,21 +169,21 @@ def load_experiment(path: str) -> Experiment:
         evaluation = Evaluation(**settings)
         samples = evaluation.samples_per_problem
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            _fail(path, f"'evaluation.samples_per_problem' must be an integer >= 1, got {samples!r}")
+            _fail(path, f"'evaluation.samples_per_problem' must be an integer >= 1, got {shown(samples)}")
         temperature = evaluation.temperature
         if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
-            _fail(path, f"'evaluation.temperature' must be a number >= 0, got {temperature!r}")
+            _fail(path, f"'evaluation.temperature' must be a number >= 0, got {shown(temperature)}")
         if not isinstance(evaluation.initial, bool):
-            _fail(path, f"'evaluation.initial' must be true or false, got {evaluation.initial!r}")
+            _fail(path, f"'evaluation.initial' must be true or false, got {shown(evaluation.initial)}")
         every = evaluation.every_steps
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            _fail(path, f"'evaluation.every_steps' must be an integer >= 1 (or left out), got {every!r}")
+            _fail(path, f"'evaluation.every_steps' must be an integer >= 1 (or left out), got {shown(every)}")
     metrics = spec.get("metrics") or []
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-        _fail(path, f"'metrics' must be a list of logged metric names, got {metrics!r}")
+        _fail(path, f"'metrics' must be a list of logged metric names, got {shown(metrics)}")
     threads = spec.get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        _fail(path, f"'threads' must be an integer >= 1, got {threads!r}")
+        _fail(path, f"'threads' must be an integer >= 1, got {shown(threads)}")
 
     experiment = Experiment(
         path=path,
@@ -206,11 +205,12 @@ def load_experiment(path: str) -> Experiment:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """`key=value` of the command line: the value read as YAML (`max_steps=2` is the integer 2, `tools=[]` a list)."""
+    """`key=value` of the command line: the value read as YAML (`max_steps=2` is the integer 2, `tools=[]` a list),
+    by the loader of every trl-aspo YAML (`load_yaml`: safe types, bounded aliases)."""
     key, separator, value = text.partition("=")
     if not separator or not key.strip():
-        raise ValueError(f"override {text!r} is not of the form key=value (e.g. max_steps=2)")
-    return key.strip(), yaml.safe_load(value)
+        raise ValueError(f"override {shown(text)} is not of the form key=value (e.g. max_steps=2)")
+    return key.strip(), load_yaml(value, f"override {shown(text)}")
 
 
 def apply_command_line(
@@ -220,7 +220,8 @@ def apply_command_line(
     overrides: list[str] | None = None,
 ) -> Experiment:
     """The experiment shrunk or changed from the command line: only `seeds` and the named `variants` (in the file's
-    order), and `key=value` `overrides` of `base`; every variant's run config is parsed again."""
+    order), and `key=value` `overrides` of `base`, each with its field's type (`learning_rate=2e-4`, which YAML 1.1
+    reads as text, is the number 0.0002, as in a run's config); every variant's run config is parsed again."""
     path = experiment.path
     if seeds is not None:
         if not seeds or any(seed < 0 for seed in seeds) or len(set(seeds)) != len(seeds):
@@ -237,13 +238,15 @@ def apply_command_line(
     for text in overrides or []:
         key, value = parse_override(text)
         if key in RESERVED_KEYS:
-            raise ValueError(f"override {text!r}: {key!r} is set by compare per run (use --seeds / --output_dir)")
+            raise ValueError(f"override {shown(text)}: {key!r} is set by compare per run (use --seeds / --output_dir)")
         experiment.overrides[key] = value
+    trainer = {**experiment.base, **experiment.overrides}.get("trainer", "sync")
+    experiment.overrides = typed_config(experiment.overrides, trainer if isinstance(trainer, str) else "sync")
     for name in experiment.variants:
         try:
             parse_run_config(experiment.run_config(name, experiment.seeds[0]))
         except ValueError as error:
-            raise ValueError(f"variant {name!r} (base + overrides {experiment.overrides}): {error}") from None
+            raise ValueError(f"variant {name!r} (base + overrides {shown(experiment.overrides)}): {error}") from None
     return experiment
 
 
@@ -387,15 +390,16 @@ def finished_summary(experiment: Experiment, variant: str, seed: int) -> dict | 
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    expected = json.loads(json.dumps(experiment.run_config(variant, seed)))
-    if summary.get("config") != expected:
+    # Both sides with their fields' types: `learning_rate: '2e-4'` (text to YAML 1.1) trained the run 0.0002 does.
+    expected = typed_config(json.loads(json.dumps(experiment.run_config(variant, seed))))
+    trained = typed_config(summary.get("config") or {}, expected.get("trainer", "sync"))
+    if trained != expected:
         changed = sorted(
-            key
-            for key in set(expected) | set(summary.get("config") or {})
-            if expected.get(key) != (summary.get("config") or {}).get(key)
+            (key for key in set(expected) | set(trained) if expected.get(key) != trained.get(key)), key=str
         )
-        trained = summary.get("config") or {}
-        differences = "; ".join(f"{key}: {trained.get(key)!r} then, {expected.get(key)!r} now" for key in changed)
+        differences = "; ".join(
+            f"{key}: {shown(trained.get(key))} then, {shown(expected.get(key))} now" for key in changed
+        )
         raise ValueError(
             f"{path} was trained with a different config (keys {changed}) than variant {variant!r} of "
             f"{experiment.path} now gives ({differences}; command-line overrides then: "
@@ -697,7 +701,7 @@ def compare_main(argv: list[str]) -> int:
         parser.exit(2, f"trl-aspo compare: error: {error}\n")
     except KeyboardInterrupt:
         # Finished runs have their run_summary.json; the interrupted one starts again from its beginning.
-        command = shlex.join(["trl-aspo", "compare", *argv])
+        command = shlex.join([*cli_command(), "compare", *argv])
         print(f"\nInterrupted; finished runs are kept. Continue with: {command}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     return 0

@@ -17,6 +17,8 @@ goes to the training script, whose `--help` lists every field.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 LAUNCH_FLAGS = {
@@ -50,18 +52,76 @@ def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
     return launch, rest
 
 
+def launch_words(argv: list[str]) -> list[str]:
+    """The launcher flags of a `trl-aspo train` command line as the user wrote them (for the resume command)."""
+    words, index = [], 0
+    while index < len(argv):
+        if argv[index] in LAUNCH_FLAGS:
+            width = 2 if LAUNCH_FLAGS[argv[index]] else 1
+            words += argv[index : index + width]
+            index += width
+        else:
+            index += 1
+    return words
+
+
+def cpu_launch(launch: list[str], values: dict) -> list[str]:
+    """The `accelerate launch` flags that run `--num_processes N` (N > 1, no `--accelerate_config`) as N processes.
+
+    Without a config file, accelerate starts several processes only for `--multi_gpu` or when it sees several GPUs;
+    otherwise it starts one and says nothing. With `use_cpu: true` (or no CUDA device at all) `--multi_gpu` is
+    added: it picks accelerate's torch.distributed launcher, and each process, on the CPU, joins a gloo group
+    (accelerate's MULTI_CPU). Refused when the processes would share one GPU, or when there is no GPU and the config
+    does not set use_cpu (transformers would refuse it in every process)."""
+    if "--num_processes" not in launch or "--config_file" in launch or "--multi_gpu" in launch:
+        return launch
+    processes = int(launch[launch.index("--num_processes") + 1])
+    if processes < 2:
+        return launch
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if values.get("use_cpu") is True or gpus == 0:
+        if values.get("use_cpu") is not True:
+            raise SystemExit(
+                f"trl-aspo train: --num_processes {processes} on a machine without a CUDA device: add --use_cpu true "
+                "(or use_cpu: true in the YAML); the processes then train on the CPU and talk over gloo."
+            )
+        return [*launch, "--multi_gpu"]
+    if gpus == 1:
+        raise SystemExit(
+            f"trl-aspo train: --num_processes {processes} with one CUDA device: accelerate would run one process. "
+            "Run one process (no --num_processes), or several on the CPU with --use_cpu true (gloo)."
+        )
+    return launch
+
+
 def train(argv: list[str]) -> int:
     # Help and the configuration checks import neither torch nor TRL: they answer in a moment (see cli_config).
-    from trl_aspo.cli.arguments import ConfigurationError, check_command_line, report, train_help
+    from trl_aspo.cli.arguments import (
+        ConfigurationError,
+        check_train_command_line,
+        existing_checkpoints_warning,
+        report,
+        train_help,
+    )
+    from trl_aspo.trainers.resume import RELAUNCH_ENV, cli_command
 
     launch, script_args = split_launch_args(argv)
     if "-h" in script_args or "--help" in script_args:
         print(train_help(script_args), end="")
         return 0
     try:
-        check_command_line(script_args)
+        if "--num_processes" in launch and not launch[launch.index("--num_processes") + 1].isdigit():
+            raise ConfigurationError(
+                [f"--num_processes: {launch[launch.index('--num_processes') + 1]!r} is not a number of processes"]
+            )
+        _, _, values = check_train_command_line(script_args)
     except ConfigurationError as error:
         report("trl-aspo train", error)
+    warning = existing_checkpoints_warning(values)
+    if warning:
+        print(f"trl-aspo train: warning: {warning}", file=sys.stderr, flush=True)
     if not launch:
         from trl_aspo.cli.train import main as train_main
 
@@ -71,8 +131,11 @@ def train(argv: list[str]) -> int:
         from trl_aspo.cli.train import refuse_local_worker_with_processes
 
         refuse_local_worker_with_processes(int(launch[launch.index("--num_processes") + 1]), script_args)
+    launch = cpu_launch(launch, values)
     from accelerate.commands.launch import launch_command, launch_command_parser
 
+    # The processes' resume command (printed on Ctrl-C) starts the run the way this one was started.
+    os.environ[RELAUNCH_ENV] = json.dumps([*cli_command(), "train", *launch_words(argv)])
     launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.cli.train", *script_args]))
     return 0
 

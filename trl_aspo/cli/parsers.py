@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import reprlib
 import sys
 from dataclasses import dataclass, field
 
@@ -156,6 +157,11 @@ def check_keys_for_trainer(keys, trainer: str) -> None:
 
 def resolve_callable(name: str, builtins: dict[str, str], what: str):
     """Import `name` (a built-in name or a dotted path), naming the argument in the error."""
+    if not isinstance(name, str):
+        raise ValueError(
+            f"{what} {reprlib.repr(name)} ({type(name).__name__}) is not a name: give a built-in name "
+            f"{sorted(builtins)} or a dotted import path like 'pkg.mod.fn'."
+        )
     dotted = builtins.get(name, name)
     module_name, _, attribute = dotted.rpartition(".")
     if not module_name:

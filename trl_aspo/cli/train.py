@@ -19,7 +19,15 @@ import sys
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
 from trl_aspo.builtin.registry import BUILTIN_REWARDS, BUILTIN_TOOLS
-from trl_aspo.cli.arguments import ConfigurationError, check_command_line, config_path, read_config, report
+from trl_aspo.cli.arguments import (
+    ConfigurationError,
+    check_command_line,
+    check_train_command_line,
+    config_path,
+    config_value_problems,
+    read_config,
+    report,
+)
 from trl_aspo.cli.arguments import requested_trainer as _requested_trainer
 from trl_aspo.cli.parsers import (
     TRAINERS,
@@ -56,6 +64,9 @@ def parse_config(config: dict):
     trainer = config.get("trainer", "sync")
     check_choice("trainer", trainer, TRAINERS)
     check_keys_for_trainer(config, trainer)
+    problems = config_value_problems(config, "run config")
+    if problems:
+        raise ConfigurationError(problems)
     return parse_checked(make_parser(trainer=trainer), config, [])
 
 
@@ -127,11 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         print(train_help(argv), end="")
         return
     try:
+        check_train_command_line(argv)  # what a run needs (a model, ...): `trl-aspo train` asked before torch loaded
         parsed = parse_command_line(argv)
-        if not parsed[2].model_name_or_path:
-            raise ConfigurationError(
-                ["model_name_or_path: not set; give a local model directory, a hub id or 'builtin:tiny-calculator'"]
-            )
         functions = resolve_functions(parsed[0])
     except ConfigurationError as error:
         report("trl-aspo train", error)
@@ -207,7 +215,7 @@ def run(
     `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
     `TrainingInterrupted` with the step it stopped at."""
     from trl_aspo.cli.progress import MetricProgressCallback
-    from trl_aspo.trainers.resume import resolve_resume_checkpoint
+    from trl_aspo.trainers.resume import resolve_resume_checkpoint, skipped_checkpoints_note
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
@@ -237,6 +245,14 @@ def run(
         report.measure_before(reuse_saved=resume is not None)
     if resume is not None:
         trainer.accelerator.print(f"Resuming from {resume}.")
+        # Only `true` chooses the checkpoint: then say which newer, incomplete ones it passed over.
+        skipped = (
+            None
+            if resume == training_args.resume_from_checkpoint
+            else (skipped_checkpoints_note(training_args.output_dir, resume))
+        )
+        if skipped:
+            trainer.accelerator.print(skipped)
     try:
         trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:

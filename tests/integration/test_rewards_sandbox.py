@@ -3,7 +3,9 @@ execute programs in subprocesses)."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -12,6 +14,20 @@ import pytest
 
 from trl_aspo.evaluation import rewards
 from trl_aspo.evaluation.rewards import code_unit_test_reward
+
+try:  # the probes moved to their own module with the judge (issue 25); this file also runs against the old harness
+    from trl_aspo.evaluation import isolation as probes
+except ImportError:
+    probes = rewards
+
+
+@pytest.fixture
+def shared_tmp():
+    """A directory the program may write even when it runs as `nobody` (pytest's tmp_path is closed to it)."""
+    path = Path(tempfile.mkdtemp(prefix="aspo-test-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_code_unit_test_reward():
@@ -152,29 +168,30 @@ def test_a_program_that_does_not_run_the_tests_to_the_end_scores_zero(exploit):
 
 
 def test_legitimate_results_still_compare():
-    """The equality guard leaves C-level and same-type Python-level equality alone: numpy scalars, Fractions,
-    namedtuples, dataclasses compared with their own kind."""
+    """Results that are data cross as their standard type and compare as such: Fractions, namedtuples (as tuples),
+    floats with nan/inf/-0.0, sets, bytes, nested containers. (Instances of a solution-defined class such as a
+    dataclass are not data since issue 25: tests that compare them score 0.0, docs/code_reward.md.)"""
     source = """
+        import math
         from collections import namedtuple
-        from dataclasses import dataclass
         from fractions import Fraction
         Point = namedtuple("Point", "x y")
-        @dataclass
-        class Pair:
-            a: int
-            b: int
         def half(n):
             return Fraction(n, 2)
         def point():
             return Point(1, 2)
-        def pair():
-            return Pair(1, 2)
+        def floats():
+            return [math.inf, -0.0, math.nan]
+        def mixed():
+            return {"a": (1, {2, 3}), b"k": frozenset({4})}
     """
     tests = [
         "from fractions import Fraction",
+        "import math",
         "assert half(1) == Fraction(1, 2) and half(1) != Fraction(1, 3)",
         "assert point() == (1, 2) and point() == Point(1, 2)",
-        "assert pair() == Pair(1, 2) and pair() != Pair(2, 1)",
+        "assert floats()[0] == math.inf and math.copysign(1, floats()[1]) == -1 and math.isnan(floats()[2])",
+        "assert mixed() == {'a': (1, {2, 3}), b'k': frozenset({4})}",
         "assert [1, {'a': (2, 3)}] == [1, {'a': (2, 3)}]",
     ]
     assert code_unit_test_reward([_program(source)], [tests], timeout=5.0) == [1.0]
@@ -218,21 +235,24 @@ def test_other_kinds_of_tests_are_refused_by_name(tests, message):
 
 def test_the_program_sees_none_of_the_trainers_environment(monkeypatch):
     monkeypatch.setenv("ASPO_TEST_SECRET_API_KEY", "sk-do-not-leak")
-    source = "import os\nleaked = {k: v for k, v in os.environ.items() if 'sk-do-not-leak' in v or 'SECRET' in k}"
+    source = (
+        "import os\nleaked = {k: v for k, v in os.environ.items() if 'sk-do-not-leak' in v or 'SECRET' in k}\n"
+        "names = sorted(os.environ)"
+    )
     tests = [
         "assert leaked == {}",
-        "assert set(os.environ) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'OMP_NUM_THREADS', "
+        "assert set(names) <= {'PATH', 'HOME', 'TMPDIR', 'LANG', 'OMP_NUM_THREADS', "
         "'OPENBLAS_NUM_THREADS', 'MKL_NUM_THREADS', 'LC_CTYPE'}",
     ]
-    assert code_unit_test_reward([_program(source)], [["import os", *tests]], timeout=5.0) == [1.0]
+    assert code_unit_test_reward([_program(source)], [tests], timeout=5.0) == [1.0]
 
 
-def test_the_program_runs_in_a_fresh_directory_and_leaves_the_trainers_alone(tmp_path, monkeypatch):
+def test_the_program_runs_in_a_fresh_directory_and_leaves_the_trainers_alone(tmp_path, shared_tmp, monkeypatch):
     trainer_dir = tmp_path / "trainer"
     (trainer_dir / "checkpoint-1").mkdir(parents=True)
     (trainer_dir / "checkpoint-1" / "model.safetensors").write_text("weights")
     monkeypatch.chdir(trainer_dir)
-    record = tmp_path / "sandbox_dir.txt"
+    record = shared_tmp / "sandbox_dir.txt"
     source = f"""
         import os, shutil
         here = os.getcwd()
@@ -240,9 +260,10 @@ def test_the_program_runs_in_a_fresh_directory_and_leaves_the_trainers_alone(tmp
         shutil.rmtree("checkpoint-1", ignore_errors=True)
         open("scratch.txt", "w").write("x")
         open({str(record)!r}, "w").write(here)
+        listed = os.listdir(".")
     """
-    tests = ["assert found == []", f"assert here != {str(trainer_dir)!r}", "assert os.listdir('.') == ['scratch.txt']"]
-    assert code_unit_test_reward([_program(source)], [["import os", *tests]], timeout=5.0) == [1.0]
+    tests = ["assert found == []", f"assert here != {str(trainer_dir)!r}", "assert listed == ['scratch.txt']"]
+    assert code_unit_test_reward([_program(source)], [tests], timeout=5.0) == [1.0]
     assert (trainer_dir / "checkpoint-1" / "model.safetensors").read_text() == "weights"
     assert sorted(path.name for path in trainer_dir.iterdir()) == ["checkpoint-1"]
     sandbox_dir = Path(record.read_text())
@@ -261,11 +282,11 @@ def _late_writer(late: Path, detach: bool) -> str:
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["sandbox", "without-namespaces"])
-def test_grandchildren_are_killed_on_timeout(tmp_path, monkeypatch, namespaces):
-    if namespaces and not rewards.sandbox_isolates_network():
+def test_grandchildren_are_killed_on_timeout(shared_tmp, monkeypatch, namespaces):
+    if namespaces and not probes.sandbox_isolates_network():
         pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
-    monkeypatch.setattr(rewards, "sandbox_isolates_network", lambda: namespaces)
-    late = tmp_path / "late"
+    monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
+    late = shared_tmp / "late"
     started = time.monotonic()
     assert code_unit_test_reward([_program(_late_writer(late, detach=False))], [["assert True"]], timeout=0.5) == [0.0]
     assert time.monotonic() - started < 1.4  # back at the timeout, not when the grandchild ends
@@ -273,8 +294,8 @@ def test_grandchildren_are_killed_on_timeout(tmp_path, monkeypatch, namespaces):
     assert not late.exists()  # the grandchild was killed with its parent
 
 
-def test_a_finished_program_leaves_no_process_behind(tmp_path):
-    late = tmp_path / "late"
+def test_a_finished_program_leaves_no_process_behind(shared_tmp):
+    late = shared_tmp / "late"
     child = f"import time\ntime.sleep(1.0)\nopen({str(late)!r}, 'w').close()"
     source = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n{ADD}"
     assert code_unit_test_reward([_program(source)], [ADD_TESTS], timeout=5.0) == [1.0]
@@ -282,10 +303,10 @@ def test_a_finished_program_leaves_no_process_behind(tmp_path):
     assert not late.exists()
 
 
-def test_a_detached_grandchild_dies_with_the_sandbox(tmp_path):
-    if not rewards.sandbox_isolates_network():
+def test_a_detached_grandchild_dies_with_the_sandbox(shared_tmp):
+    if not probes.sandbox_isolates_network():
         pytest.skip("without a PID namespace a process that calls setsid escapes (documented)")
-    late = tmp_path / "late"
+    late = shared_tmp / "late"
     assert code_unit_test_reward([_program(_late_writer(late, detach=True))], [["assert True"]], timeout=0.5) == [0.0]
     time.sleep(2.5)
     assert not late.exists()
@@ -293,29 +314,29 @@ def test_a_detached_grandchild_dies_with_the_sandbox(tmp_path):
 
 def test_memory_bomb_is_stopped_by_the_address_space_limit():
     bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))"
-    limits = "import resource\nassert resource.getrlimit(resource.RLIMIT_AS) == (2**29, 2**29)"
+    probe = "import resource\nlimit = resource.getrlimit(resource.RLIMIT_AS)"
     started = time.monotonic()
     rewards_ = code_unit_test_reward(
-        [_program(bomb), _program("pass")], [["assert True"], [limits]], timeout=30.0, memory_limit_mb=512
+        [_program(bomb), _program(probe)],
+        [["assert True"], ["assert limit == (2**29, 2**29)"]],
+        timeout=30.0,
+        memory_limit_mb=512,
     )
     assert rewards_ == [0.0, 1.0]
     assert time.monotonic() - started < 15  # MemoryError at 512 MiB, long before the 30 s timeout
 
 
 def test_resource_limits_are_set():
-    checks = [
-        "import math, resource",
-        "assert resource.getrlimit(resource.RLIMIT_CPU) == (4, 4)",  # ceil(2.5) + 1 s
-        "assert resource.getrlimit(resource.RLIMIT_FSIZE) == (2**20, 2**20)",
-        "assert resource.getrlimit(resource.RLIMIT_CORE) == (0, 0)",
-    ]
-    assert code_unit_test_reward([_program("pass")], [checks], timeout=2.5, file_size_limit_mb=1) == [1.0]
+    probe = "import resource\nlimits = [resource.getrlimit(getattr(resource, name)) for name in ('RLIMIT_CPU', "
+    probe += "'RLIMIT_FSIZE', 'RLIMIT_CORE')]"
+    checks = ["assert limits == [(4, 4), (2**20, 2**20), (0, 0)]"]  # CPU: ceil(2.5) + 1 s
+    assert code_unit_test_reward([_program(probe)], [checks], timeout=2.5, file_size_limit_mb=1) == [1.0]
     too_big = "open('big', 'wb').write(b'x' * 2**21)"  # 2 MiB past a 1 MiB RLIMIT_FSIZE: the write fails
     assert code_unit_test_reward([_program(too_big)], [["assert True"]], timeout=5.0, file_size_limit_mb=1) == [0.0]
 
 
 def test_no_network_inside_the_sandbox():
-    if not rewards.sandbox_isolates_network():
+    if not probes.sandbox_isolates_network():
         pytest.skip("unprivileged network namespaces (unshare --net) do not work here: the network is not isolated")
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
@@ -339,7 +360,7 @@ def test_no_network_inside_the_sandbox():
 
 
 def test_the_trainers_processes_are_out_of_reach_in_the_sandbox():
-    if not rewards.sandbox_isolates_network():
+    if not probes.sandbox_isolates_network():
         pytest.skip("without a PID namespace the trainer's processes are reachable (documented)")
     source = "import os\nparent = os.getppid()\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())"
     assert code_unit_test_reward([_program(source)], [["assert parent == 0 and pids[0] == 1"]], timeout=5.0) == [1.0]
@@ -348,17 +369,18 @@ def test_the_trainers_processes_are_out_of_reach_in_the_sandbox():
 def test_without_namespaces_the_rest_of_the_sandbox_still_holds(tmp_path, monkeypatch):
     """Machines where `unshare` does not work unprivileged: no failure, and the harness, the fresh directory, the
     minimal environment and the limits still apply."""
-    monkeypatch.setattr(rewards, "sandbox_isolates_network", lambda: False)
+    monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: False)
     monkeypatch.setenv("ASPO_TEST_SECRET_API_KEY", "sk-do-not-leak")
     monkeypatch.chdir(tmp_path)
-    probe = "import os, resource\nenv = dict(os.environ)\nhere = os.getcwd()"
+    probe = "import os, resource\nenv = dict(os.environ)\nhere = os.getcwd()\n"
+    probe += "limit = resource.getrlimit(resource.RLIMIT_AS)"
     checks = [
         "assert 'ASPO_TEST_SECRET_API_KEY' not in env",
         f"assert here != {str(tmp_path)!r}",
-        "assert resource.getrlimit(resource.RLIMIT_AS) == (2**29, 2**29)",
+        "assert limit == (2**29, 2**29)",
     ]
     programs = [_program(probe), _program("import sys\nsys.exit(0)"), _program(ADD)]
-    rows = [["import resource", *checks], ADD_TESTS, ADD_TESTS]
+    rows = [checks, ADD_TESTS, ADD_TESTS]
     assert code_unit_test_reward(programs, rows, timeout=5.0, memory_limit_mb=512) == [1.0, 0.0, 1.0]
     assert list(tmp_path.iterdir()) == []
 

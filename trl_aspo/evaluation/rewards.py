@@ -5,27 +5,27 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import functools
 import inspect
 import json
 import math
 import os
 import re
-import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from trl_aspo.evaluation import isolation, sandbox
+from trl_aspo.evaluation.isolation import sandbox_isolates_network
+
+__all__ = ["code_unit_test_reward", "run_unit_tests", "sandbox_isolates_network", "summed_rewards"]
 
 _PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
-# Read once at import: a program that rewrites the package's files cannot change the harness of later calls.
-_HARNESS = (Path(__file__).with_name("sandbox.py")).read_text()
-_NAMESPACES = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
-_PROOF_BYTES = 64
+_JUDGE_START_S = 60.0  # the judge's start (an interpreter, the tests' imports) is not the solution's time
 
 
 def _last_python_block(completion) -> str | None:
@@ -42,54 +42,53 @@ def code_unit_test_reward(
     memory_limit_mb: int = 4096,
     file_size_limit_mb: int = 64,
     max_processes: int = 64,
+    require_isolation=False,
     **kwargs,
 ) -> list[float]:
     """1.0 when the completion's last ```python block passes its row's `tests` to the end, else 0.0.
 
     `tests[i]` is the test code of row i: one string (HumanEval's `test` column) or a list of strings (one assert
     each, MBPP's `test_list`), joined by newlines. With `entry_point` (HumanEval's column, one name per row) the
-    harness also calls `check(<entry_point>)`, which the HumanEval tests define but never call; tests that define
+    judge also calls `check(<entry_point>)`, which the HumanEval tests define but never call; tests that define
     `check` without an `entry_point` are refused (every program would pass them).
 
-    **Passing.** A harness (`sandbox.py`) runs the solution, then the tests, and only then has a random
-    nonce, which the parent sent on stdin, written to a pipe of its own; the reward is 1.0 only when that pipe holds
-    the nonce. Defended: any exit before the tests end (`sys.exit(0)`, `raise SystemExit`, `os._exit(0)`, a signal,
-    killing itself or its parent, `atexit` handlers, an exception) scores 0.0 whatever the exit code; so does
-    printing or writing a fake success (to stdout, a patched `print`/`sys.stdout`, or every file descriptor), since
-    the nonce is in no program text, argv, environment variable, file or frame: stdin is read and replaced by
-    /dev/null before the solution starts, and the nonce lives only in an audit hook that no code can remove or
-    reach, which writes it when the harness's own frame announces the end of the tests. The hook also refuses (with
-    ValueError) `sys._getframe`, traceback and generator frames, `gc` walks, tracing, ctypes and opening any file on
-    /proc. Everything the harness calls after the solution started was bound before (rebinding `builtins.exec`, the
-    harness module's names or the builtins changes nothing). The tests are compiled before the solution runs and see
-    a pristine copy of the builtins (`builtins.len = ...` does not reach them), and none of the solution's top-level
-    names that shadow a builtin except `entry_point`; in an `assert` statement, `a == b` and `a != b` fail when an
-    operand, or an element of a list/tuple/set/dict operand, has equality written in Python that the other operand's
-    type does not share (an object equal to everything). Not defended: rebinding attributes of modules the tests use
-    (`math.isclose = ...`), truthiness of custom objects in a bare `assert x`, `unittest`-style assertion methods,
-    legitimate results whose Python-level equality differs in type from the expected value (a `Fraction` result for
-    an `int`), races with the solution's own threads, and a child process reading the harness's memory (as the same
-    user, or as root in its namespace, the kernel allows it).
+    **Passing** (docs/code_reward.md has the whole design). Two processes: a *worker* runs the solution and then
+    only answers calls; a *judge* runs the tests, in which each of the solution's top-level functions is a proxy
+    that sends its arguments to the worker and returns the decoded result. Arguments, results and exceptions cross
+    as data only (a tagged encoding of None, bool, int, float with nan/inf/-0.0, complex, str, bytes, Fraction,
+    Decimal and list/tuple/dict/set/frozenset of those; numpy values become their Python values), so no object of
+    the solution exists in the judge: nothing it returns can be equal to everything, rebind the judge's builtins or
+    modules, or stop the tests early. Top-level data of the solution is passed by value, its modules as the judge's
+    own standard module of that name; names that shadow a builtin (except `entry_point`) are not passed. The judge
+    is not dumpable before the worker starts (its memory, ptrace and descriptors are closed to the worker), and it
+    reports the verdict to this process on a socket the worker never holds; this process scores 1.0 only when the
+    judge exited 0 after writing it. The worker holds no secret: nothing it reads, writes or kills can make a
+    failing solution pass. A solution that fails at import, exits, crashes, answers something that is not data or
+    does not answer by `timeout` fails. Not supported (these score 0.0): tests that use objects of
+    solution-defined classes (other than as tuples, dicts or numbers they subclass), that pass functions or other
+    non-data arguments, that expect an argument mutated in place, or that read solution globals changed by calls.
 
-    **Isolation.** Each program runs as `python -I` in a fresh temporary directory (its working directory, removed
-    afterwards, so it cannot touch the trainer's folder by relative paths) with a minimal environment (PATH, HOME and
-    TMPDIR in that directory, LANG, one-thread BLAS: no API keys or tokens of the trainer), in a session of its own,
-    under RLIMIT_AS `memory_limit_mb`, RLIMIT_CPU `timeout` + 1 s, RLIMIT_FSIZE `file_size_limit_mb`, RLIMIT_CORE 0
-    and RLIMIT_NOFILE 256, set by the harness before the solution. On timeout, and after every run, the whole
-    process group is killed. Where unprivileged user namespaces work (probed once, `sandbox_isolates_network()`),
-    the program also gets, through `unshare`, no network (an empty network namespace: not even the trainer's
-    loopback), its own PID namespace (it is PID 1: it cannot see or signal the trainer's processes, and every
-    process it started, a detached `setsid` one included, dies with it) with a fresh /proc (so no
-    `/proc/<pid>/environ` of the trainer), and RLIMIT_NPROC `max_processes` (which the kernel does not enforce when
-    the trainer runs as root). Without namespaces none of these four holds: the network is open, a process that
-    calls `setsid` escapes the group kill, and the trainer's processes and their /proc files are reachable as the
-    same user. Not isolated in either mode: the file system (absolute paths are reachable with the trainer's
-    permissions), IPC and other kernel interfaces. Run untrusted generations inside a container or VM as well.
-    Program output is discarded unread, so a program printing without end costs no memory."""
+    **Isolation.** The worker runs as `python -I` in a fresh temporary directory (removed afterwards) with a minimal
+    environment (PATH, HOME and TMPDIR in that directory, LANG, one-thread BLAS), its only descriptor beyond
+    /dev/null being its socket to the judge, in a session of its own, under RLIMIT_AS `memory_limit_mb`, RLIMIT_CPU
+    `timeout` + 1 s, RLIMIT_FSIZE `file_size_limit_mb`, RLIMIT_CORE 0 and RLIMIT_NOFILE 256. Where this machine
+    gives them (probed once; `trl_aspo.evaluation.isolation`): a user, network, PID and mount namespace (no
+    network, not even the trainer's loopback; PID 1 of its own namespace with a fresh /proc it cannot unmount,
+    every process it started dying with it); a cgroup created per run holding the whole program to
+    `max_processes` processes and `memory_limit_mb` of memory (v2 `pids.max`/`memory.max`, or the v1 pids and
+    memory hierarchies), whose processes are all killed after the run; and, when the trainer is root, the user
+    `nobody`. Each missing piece is named in one RuntimeWarning per process: without namespaces the program can
+    reach the trainer's 127.0.0.1 sockets and see its processes, and a `setsid` child outlives the reward unless a
+    cgroup holds it; without a cgroup the limits are per process (RLIMIT_NPROC per user and not enforced for root,
+    RLIMIT_AS per process); as the trainer's own user it can write that user's files. `require_isolation=True`
+    refuses to run (RuntimeError) without namespaces; a list of "namespaces", "cgroup", "user" requires those.
+    Never isolated: the file system beyond the user's permissions, IPC and other kernel interfaces. Run untrusted
+    generations inside a container or VM as well. Program output is discarded unread."""
     rows = _test_rows(tests)
     entry_points = _entry_points(entry_point, len(rows))
     for index, (code, entry) in enumerate(zip(rows, entry_points, strict=True)):
         _check_tests_call_their_check(code, entry, index)
+    isolation.check_isolation(require_isolation)
     rewards = []
     for completion, code, entry in zip(completions, rows, entry_points, strict=True):
         solution = _last_python_block(completion)
@@ -167,10 +166,12 @@ def run_unit_tests(
     memory_limit_mb: int = 4096,
     file_size_limit_mb: int = 64,
     max_processes: int = 64,
+    require_isolation=False,
 ) -> bool:
-    """Whether `tests` ran to their end after `solution`, in the sandbox described in `code_unit_test_reward`."""
-    nonce = secrets.token_hex(16)
-    namespaces = sandbox_isolates_network()
+    """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward`."""
+    isolation.check_isolation(require_isolation)
+    namespaces, user = isolation.sandbox_isolates_network(), isolation.sandbox_user()
+    parents = isolation.sandbox_cgroup()
     limits = {
         "RLIMIT_AS": memory_limit_mb * 2**20,
         "RLIMIT_CPU": math.ceil(timeout) + 1,
@@ -178,47 +179,101 @@ def run_unit_tests(
         "RLIMIT_CORE": 0,
         "RLIMIT_NOFILE": 256,
     }
-    if namespaces:
-        limits["RLIMIT_NPROC"] = max_processes
-    workdir = tempfile.mkdtemp(prefix="aspo-unit-test-")
-    proof_read, proof_write = os.pipe()
-    try:
-        payload = {
-            "nonce": nonce,
-            "solution": solution,
+    worker_limits = dict(limits)
+    if namespaces or user is not None:  # counted per user: the trainer's own threads would count otherwise
+        worker_limits["RLIMIT_NPROC"] = max_processes
+    judge_limits = {name: limits[name] for name in ("RLIMIT_AS", "RLIMIT_CORE")}
+    with contextlib.ExitStack() as stack:
+        workdir = tempfile.mkdtemp(prefix="aspo-unit-test-")
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        judge_dir = tempfile.mkdtemp(prefix="aspo-unit-judge-")
+        stack.callback(shutil.rmtree, judge_dir, ignore_errors=True)
+        if user is not None:
+            os.chown(workdir, user, user)
+        cgroup = None
+        if isinstance(parents, isolation.CgroupParents):
+            cgroup = isolation.RunCgroup(parents, max_processes, memory_limit_mb * 2**20)
+            stack.callback(cgroup.close)
+        channel_judge, channel_worker = _socket_pair(stack)
+        verdict_trainer, verdict_judge = _socket_pair(stack)
+        judge_payload = {
             "tests": tests,
             "entry_point": entry_point,
-            "limits": limits,
-            "proof_fd": proof_write,
+            "timeout": timeout,
+            "limits": judge_limits,
+            "channel_fd": channel_judge.fileno(),
+            "verdict_fd": verdict_judge.fileno(),
         }
-        command = [*(_NAMESPACES if namespaces else []), sys.executable, "-I", "-c", _HARNESS]
-        with tempfile.TemporaryFile() as stdin:
-            stdin.write(json.dumps(payload).encode())
-            stdin.seek(0)
-            process = subprocess.Popen(
-                command,
-                stdin=stdin,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                cwd=workdir,
-                env=_minimal_environment(workdir),
-                pass_fds=(proof_write,),
-                start_new_session=True,
-            )
-        os.close(proof_write)
-        proof_write = -1
-        _wait_then_kill_group(process, timeout)
-        os.set_blocking(proof_read, False)
-        try:
-            proof = os.read(proof_read, _PROOF_BYTES)
-        except BlockingIOError:  # a descendant still holds the pipe open and wrote nothing
-            proof = b""
-        return secrets.compare_digest(proof, nonce.encode())
-    finally:
-        os.close(proof_read)
-        if proof_write >= 0:
-            os.close(proof_write)
-        shutil.rmtree(workdir, ignore_errors=True)
+        judge_command = [sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE, "judge"]
+        judge = _spawn(stack, judge_command, judge_payload, judge_dir, (channel_judge, verdict_judge))
+        verdict_judge.close()
+        if not _judge_is_ready(verdict_trainer):
+            return False
+        worker_payload = {"solution": solution, "limits": worker_limits, "channel_fd": channel_worker.fileno()}
+        command = [*(isolation.NAMESPACES if namespaces else []), sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE]
+        command = isolation.launch_command([*command, "worker"], cgroup.procs_files if cgroup else [], user)
+        worker = _spawn(stack, command, worker_payload, workdir, (channel_worker,))
+        channel_worker.close()
+        channel_judge.close()
+        _wait_then_kill_group(judge, timeout)
+        _kill_group(worker, cgroup)
+        return judge.returncode == 0 and _read_verdict(verdict_trainer) == sandbox.PASS
+
+
+def _socket_pair(stack: contextlib.ExitStack) -> tuple[socket.socket, socket.socket]:
+    """A connected pair of Unix sockets, closed with `stack`. Sockets, not pipes: a process that may open
+    /proc/<pid>/fd/<n> of a pipe gets a new end of it, of a socket nothing."""
+    pair = socket.socketpair()
+    for end in pair:
+        stack.callback(end.close)
+    return pair
+
+
+def _spawn(stack, command, payload, workdir, keep: tuple[socket.socket, ...]) -> subprocess.Popen:
+    """`command` in a session of its own, its payload on stdin (a file: nothing to feed while it runs), only `keep`
+    inherited, output discarded unread; its whole group is killed with `stack`."""
+    with tempfile.TemporaryFile() as stdin:
+        stdin.write(json.dumps(payload).encode())
+        stdin.seek(0)
+        process = subprocess.Popen(
+            command,
+            stdin=stdin,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+            env=_minimal_environment(workdir),
+            pass_fds=tuple(end.fileno() for end in keep),
+            start_new_session=True,
+        )
+    stack.callback(_kill_group, process, None)
+    return process
+
+
+def _judge_is_ready(verdict: socket.socket) -> bool:
+    """Whether the judge said it is ready (not dumpable, the tests compiled and their imports done)."""
+    verdict.settimeout(_JUDGE_START_S)
+    try:
+        return verdict.recv(len(sandbox.READY)) == sandbox.READY
+    except OSError:
+        return False
+
+
+def _read_verdict(verdict: socket.socket) -> bytes:
+    verdict.setblocking(False)
+    try:
+        return verdict.recv(64)
+    except OSError:  # nothing written
+        return b""
+
+
+def _kill_group(process: subprocess.Popen, cgroup) -> None:
+    """SIGKILL `process`'s group (its session) and every process of `cgroup`, then reap `process`."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+    if cgroup is not None:
+        cgroup.kill()
+    process.wait()
 
 
 def _minimal_environment(workdir: str) -> dict[str, str]:
@@ -246,27 +301,6 @@ def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> None:
     with contextlib.suppress(ProcessLookupError):  # the group is empty: nothing left to kill
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-@functools.cache
-def sandbox_isolates_network() -> bool:
-    """Whether `unshare` gives this machine's unprivileged user a user, network, PID and mount namespace (probed once
-    per process): then unit-test programs run without network, in their own PID namespace."""
-    if shutil.which("unshare") is None:
-        return False
-    probe = "import socket; socket.socket().connect_ex(('127.0.0.1', 9)) or exit(1)"
-    try:
-        result = subprocess.run(
-            [*_NAMESPACES, sys.executable, "-I", "-c", probe],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return result.returncode == 0
 
 
 def summed_rewards(reward_funcs: list[Callable]) -> Callable[..., list[float]]:

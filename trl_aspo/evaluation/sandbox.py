@@ -1,168 +1,398 @@
-"""What `code_unit_test_reward` runs (this source, by `python -I -c`): the solution, the tests, then the proof.
+"""The programs `code_unit_test_reward` runs (this source, by `python -I -c <source> <role>`), and their data codec.
 
-It is trusted code that runs before the untrusted solution: it reads its whole payload from stdin and puts /dev/null
-in its place, sets its own resource limits, compiles the tests and keeps references to everything it calls later
-(so rebinding `builtins.exec` or `sys.audit` changes nothing). The nonce goes straight into an audit hook (which no
-code can remove or reach: no frame holds the nonce) that also refuses the ways to walk frames and the heap. After the
-tests returned, the harness raises the audit event `aspo.tests_done`; the hook writes the nonce to the proof pipe only
-when that event comes from the harness's own frame, which nothing but reaching that line can do."""
+Three roles, one source:
 
-import ast
+- `launch` (trusted, as the trainer's user): joins the run's cgroup, drops root to `nobody`, then execs the worker
+  command (through `unshare` where namespaces work). It exists so that both happen before any solution code exists.
+- `worker` (untrusted): runs the solution, then answers calls. It holds no secret and decides nothing: it only
+  receives requests `{"call": name, "args": ..., "kwargs": ...}` on its one socket and answers with data.
+- `judge` (trusted): runs the row's tests, in which every solution name is a proxy that calls the worker across the
+  socket. Arguments and results cross as data only (`encode`/`decode`: a tagged encoding of literals, never pickle),
+  so no object of the solution ever exists in the judge: nothing the tests compare can be "equal to everything".
+  The judge is not dumpable (no other process of the user may read its memory or ptrace it) before the worker
+  starts, and its verdict goes on a socket to the trainer that the worker never holds.
+"""
+
 import builtins
+import decimal
+import fractions
 import json
 import os
 import resource
+import socket
+import struct
 import sys
-import threading
-import types
+import time
 
-_TESTS_DONE = "aspo.tests_done"
+_MAX_MESSAGE = 64 * 2**20  # bytes of one encoded message: a larger one is refused (the judge's memory)
+_MAX_DEPTH = 100  # nesting of one encoded value
+_HEADER = struct.Struct(">I")
+PASS = b"pass\n"
+READY = b"ready\n"
+# Exceptions that, raised in the judge, end an iteration instead of failing: a solution that raises them must not
+# make `all(map(candidate, cases))` true.
+_NOT_RERAISED = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"})
+# Standard modules the judge does not import on a solution's behalf (they open windows or print).
+_NOT_IMPORTED = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__hello__"})
 
 
-def _main():
+class CodecError(ValueError):
+    """A value that cannot cross the sandbox boundary, or a message that is not a valid encoding."""
+
+
+def encode(value, depth: int = 0):
+    """`value` as JSON-ready tagged data: None, bool, int, float (nan, inf and -0.0 kept), complex, str, bytes,
+    Fraction, Decimal, and list, tuple, dict, set, frozenset of those. Subclasses become their base (a namedtuple a
+    tuple, an IntEnum an int) and numpy scalars and arrays their Python values; anything else raises CodecError."""
+    if depth > _MAX_DEPTH:
+        raise CodecError(f"a value nested deeper than {_MAX_DEPTH} levels cannot cross the sandbox boundary")
+    if value is None:
+        return ["N"]
+    if isinstance(value, bool):
+        return ["B", int(value)]
+    if isinstance(value, int):
+        return ["i", format(int(value), "x")]
+    if isinstance(value, float):
+        return ["f", float(value).hex()]
+    if isinstance(value, complex):
+        return ["c", value.real.hex(), value.imag.hex()]
+    if isinstance(value, str):
+        return ["s", str(value)]
+    if isinstance(value, (bytes, bytearray)):
+        return ["y", bytes(value).hex()]
+    if isinstance(value, fractions.Fraction):
+        return ["q", format(value.numerator, "x"), format(value.denominator, "x")]
+    if isinstance(value, decimal.Decimal):
+        return ["D", str(value)]
+    for kind, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F")):
+        if isinstance(value, kind):
+            return [tag, [encode(item, depth + 1) for item in value]]
+    if isinstance(value, dict):
+        return ["d", [[encode(key, depth + 1), encode(item, depth + 1)] for key, item in value.items()]]
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):
+        return encode(value.tolist(), depth + 1)
+    raise CodecError(f"a {type(value).__name__} cannot cross the sandbox boundary (only literals and containers)")
+
+
+_LEAVES = {
+    "N": (0, lambda: None),
+    "B": (1, lambda flag: _checked(flag, (0, 1)) == 1),
+    "i": (1, lambda digits: int(_text(digits), 16)),
+    "f": (1, lambda digits: float.fromhex(_text(digits))),
+    "c": (2, lambda real, imag: complex(float.fromhex(_text(real)), float.fromhex(_text(imag)))),
+    "s": (1, lambda text: _text(text)),
+    "y": (1, lambda digits: bytes.fromhex(_text(digits))),
+    "q": (2, lambda top, bottom: fractions.Fraction(int(_text(top), 16), int(_text(bottom), 16))),
+    "D": (1, lambda text: decimal.Decimal(_text(text))),
+}
+_CONTAINERS = {"l": list, "t": tuple, "S": set, "F": frozenset}
+
+
+def decode(node, depth: int = 0):
+    """The value `encode` made `node` from; CodecError for anything that is not exactly such an encoding."""
+    if depth > _MAX_DEPTH:
+        raise CodecError(f"an encoded value nested deeper than {_MAX_DEPTH} levels")
+    if not (isinstance(node, list) and node and isinstance(node[0], str)):
+        raise CodecError(f"not an encoded value: {node!r:.60}")
+    tag, fields = node[0], node[1:]
+    try:
+        if tag in _LEAVES:
+            arity, build = _LEAVES[tag]
+            if len(fields) != arity:
+                raise CodecError(f"tag {tag!r} takes {arity} fields, got {len(fields)}")
+            return build(*fields)
+        if tag in _CONTAINERS and len(fields) == 1 and isinstance(fields[0], list):
+            return _CONTAINERS[tag](decode(item, depth + 1) for item in fields[0])
+        if tag == "d" and len(fields) == 1 and isinstance(fields[0], list):
+            return {decode(key, depth + 1): decode(item, depth + 1) for key, item in map(_pair, fields[0])}
+    except CodecError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as error:  # a bad hex digit, an unhashable key, a zero den
+        raise CodecError(f"invalid encoded {tag!r}: {error}") from None
+    raise CodecError(f"unknown tag or layout {node!r:.60}")
+
+
+def _text(field) -> str:
+    if not isinstance(field, str):
+        raise CodecError(f"expected a string field, got {field!r:.60}")
+    return field
+
+
+def _checked(field, allowed):
+    if field not in allowed or isinstance(field, bool):
+        raise CodecError(f"expected one of {allowed}, got {field!r:.60}")
+    return field
+
+
+def _pair(item):
+    if not (isinstance(item, list) and len(item) == 2):
+        raise CodecError(f"a dict item must be a [key, value] pair, got {item!r:.60}")
+    return item
+
+
+def send(channel: socket.socket, message) -> None:
+    data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+    channel.sendall(_HEADER.pack(len(data)) + data)
+
+
+def receive(channel: socket.socket, deadline: float | None):
+    """One message, or None when the other side closed; CodecError for a message too long or not JSON, TimeoutError
+    past `deadline` (monotonic seconds)."""
+    header = _read_exactly(channel, _HEADER.size, deadline)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    if length > _MAX_MESSAGE:
+        raise CodecError(f"a message of {length} bytes (at most {_MAX_MESSAGE})")
+    body = _read_exactly(channel, length, deadline)
+    if body is None:
+        return None
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise CodecError(f"a message that is not JSON: {error}") from None
+
+
+def _read_exactly(channel: socket.socket, count: int, deadline: float | None) -> bytes | None:
+    chunks, missing = [], count
+    while missing:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the solution did not answer in time")
+            channel.settimeout(left)
+        chunk = channel.recv(min(missing, 2**20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+def _read_payload():
     payload = json.loads(sys.stdin.buffer.read())
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     for name, limit in payload["limits"].items():
         resource.setrlimit(getattr(resource, name), (limit, limit))
-    entry_point = payload["entry_point"]
-    guarded = ast.fix_missing_locations(_GuardedEquality().visit(ast.parse(payload["tests"], "<tests>")))
-    tests = compile(guarded, "<tests>", "exec", dont_inherit=True, optimize=0)
-    solution = compile(payload["solution"], "<solution>", "exec", dont_inherit=True, optimize=0)
-    pristine_builtins = dict(builtins.__dict__)
-    compare = _equality_guard()
-    run, announce = exec, sys.audit
-    sys.addaudithook(_sandbox_hook(payload.pop("nonce").encode(), payload.pop("proof_fd"), sys._getframe()))
-    del payload
+    return payload
+
+
+# The launcher -------------------------------------------------------------------------------------------------------
+
+
+def _launch() -> None:
+    """argv: a JSON object {"cgroup_procs": [paths], "user": uid or null, "command": [...]}."""
+    plan = json.loads(sys.argv[2])
+    for procs in plan["cgroup_procs"]:
+        with open(procs, "w") as handle:
+            handle.write(str(os.getpid()))
+    command = plan["command"]
+    if plan["user"] is not None:
+        user = str(plan["user"])
+        # setpriv (util-linux, beside unshare) where it exists: on some machines an interpreter under a directory
+        # closed to `nobody` (/root/.pyenv) runs after setpriv's change of user but not after os.setresuid's.
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    os.execvp(command[0], command)
+
+
+# The worker (untrusted: everything after the solution started is in its hands) --------------------------------------
+
+
+def _worker() -> None:
+    payload = _read_payload()
+    channel = socket.socket(fileno=payload["channel_fd"])
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    run(solution, namespace)
-    visible = {
-        name: value for name, value in namespace.items() if name not in pristine_builtins or name == entry_point
-    }
-    visible.update({"__name__": "__main__", "__builtins__": pristine_builtins, "__aspo_compare__": compare})
-    run(tests, visible)
-    if entry_point is not None:
-        visible["check"](visible[entry_point])
-    announce(_TESTS_DONE)
+    try:
+        exec(compile(payload["solution"], "<solution>", "exec", dont_inherit=True), namespace)
+    except BaseException as error:  # noqa: BLE001 -- any failure of the solution, SystemExit included, is a failure
+        send(channel, {"failed": type(error).__name__})
+        os._exit(1)
+    send(channel, {"names": _names(namespace)})
+    while True:
+        request = receive(channel, None)
+        if request is None:
+            os._exit(0)
+        send(channel, _answer(namespace, request))
 
 
-class _GuardedEquality(ast.NodeTransformer):
-    """`a == b` and `a != b` inside an assert become `__aspo_compare__(a, b, equal)`."""
-
-    def visit_Assert(self, node):
-        node.test = _EqualityCalls().visit(node.test)
-        return node
-
-
-class _EqualityCalls(ast.NodeTransformer):
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
-            return node
-        equal = ast.Constant(isinstance(node.ops[0], ast.Eq))
-        call = ast.Call(ast.Name("__aspo_compare__", ast.Load()), [node.left, node.comparators[0], equal], [])
-        return ast.copy_location(call, node)
-
-
-def _equality_guard():
-    """`compare(left, right, equal)`: `left == right` (or `!=`), False when an operand's equality is Python code
-    that the other operand's type does not share (an object equal to everything). Everything it calls is bound
-    here, before the solution runs, so rebinding builtins or this module's names changes nothing."""
-    c_level = (types.WrapperDescriptorType, types.MethodDescriptorType, types.BuiltinFunctionType)
-    mro_of = type.__dict__["__mro__"].__get__
-    dict_of = type.__dict__["__dict__"].__get__
-    kind_of, is_instance, identity, every, new_set = type, isinstance, id, all, set
-    iterate = {list: list.__iter__, tuple: tuple.__iter__, set: set.__iter__, frozenset: frozenset.__iter__}
-    dict_type, dict_items, containers = dict, dict.items, (list, tuple, set, frozenset, dict)
-    eq, ne = (lambda a, b: a == b), (lambda a, b: a != b)
-
-    def own_equality(kind):
-        for name in ("__eq__", "__ne__"):
-            for klass in mro_of(kind):
-                found = dict_of(klass)
-                if name in found:
-                    if not is_instance(found[name], c_level):
-                        return False
-                    break
-        return True
-
-    def plain(value, seen, budget):
-        if budget[0] <= 0 or identity(value) in seen:
-            return True
-        budget[0] -= 1
-        kind = kind_of(value)
-        if not own_equality(kind):
-            return False
-        seen.add(identity(value))
-        for container, values in iterate.items():
-            if is_instance(value, container):
-                return every(plain(item, seen, budget) for item in values(value))
-        if is_instance(value, dict_type):
-            return every(plain(k, seen, budget) and plain(v, seen, budget) for k, v in dict_items(value))
-        return True
-
-    def compare(left, right, equal):
-        same_leaf = kind_of(left) is kind_of(right) and not is_instance(left, containers)
-        if not same_leaf and not (plain(left, new_set(), [100_000]) and plain(right, new_set(), [100_000])):
-            return False
-        return eq(left, right) if equal else ne(left, right)
-
-    return compare
-
-
-_INTROSPECTION = frozenset(
-    {
-        "sys._getframe",
-        "sys._current_frames",
-        "sys.settrace",
-        "sys.setprofile",
-        "gc.get_objects",
-        "gc.get_referrers",
-        "gc.get_referents",
-    }
-)
-_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-
-
-def _sandbox_hook(nonce: bytes, proof_fd: int, harness_frame, stat=os.stat, fspath=os.fspath, write=os.write):
-    """The audit hook: on `aspo.tests_done` from `harness_frame` (once), the nonce to the proof pipe; refuses frame
-    access, heap walks, tracing, ctypes and opening files on /proc (the harness's memory). ValueError, which
-    `collections.namedtuple` and `typing` catch when they look for their caller's module."""
-    # Bound here: the solution can rebind this module's names and the builtins, not a closure's cells.
-    getframe, thread_id, is_instance = sys._getframe, threading.get_ident, isinstance
-    done, refused, frame_attributes = _TESTS_DONE, _INTROSPECTION, _FRAME_ATTRIBUTES
-    proc_device = stat("/proc").st_dev if os.path.isdir("/proc") else None
-    reading_frames: list[int] = []
-    proved: list[bool] = []
-
-    def hook(event, args):
-        if event == done:
-            reading_frames.append(thread_id())
+def _names(namespace: dict) -> dict:
+    """The solution's top-level names: a function (anything callable), a module (by its name) or a value."""
+    described = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        if callable(value):
+            described[name] = ["function"]
+        elif type(value).__name__ == "module":
+            described[name] = ["module", getattr(value, "__name__", "")]
+        else:
             try:
-                caller = getframe(1)
-            finally:
-                reading_frames.pop()
-            if caller is harness_frame and not proved:
-                proved.append(True)
-                write(proof_fd, nonce)
-            return
-        if event in refused or event.startswith("ctypes."):
-            if event == "sys._getframe" and thread_id() in reading_frames:
-                return
-            raise ValueError(f"{event} is not allowed in the unit-test sandbox")
-        if event == "object.__getattr__" and args[1] in frame_attributes:
-            raise ValueError(f"{args[1]} is not allowed in the unit-test sandbox")
-        if event == "open" and proc_device is not None and not is_instance(args[0], int):
-            try:
-                device = stat(fspath(args[0])).st_dev
-            except (OSError, TypeError, ValueError):
-                return  # a file that does not exist yet is not on /proc
-            if device == proc_device:
-                raise ValueError("/proc files are not allowed in the unit-test sandbox")
+                described[name] = ["value", encode(value)]
+            except (CodecError, RecursionError):
+                continue  # not data: the tests cannot use it
+    return described
 
-    return hook
+
+def _answer(namespace: dict, request) -> dict:
+    try:
+        args, kwargs = decode(request["args"]), decode(request["kwargs"])
+        result = namespace[request["call"]](*args, **kwargs)
+        return {"value": encode(result)}
+    except BaseException as error:  # noqa: BLE001 -- reported to the judge, which raises it in the tests
+        return {"raised": [_builtin_name(type(error)), _message(error)]}
+
+
+def _builtin_name(kind) -> str:
+    for klass in kind.__mro__:
+        if klass.__module__ == "builtins":
+            return klass.__name__
+    return "Exception"
+
+
+def _message(error) -> str:
+    try:
+        return str(error)[:1000]
+    except BaseException:  # noqa: BLE001 -- a solution's __str__ may raise anything
+        return ""
+
+
+# The judge (trusted: runs the tests, decides the verdict) ------------------------------------------------------------
+
+
+class SolutionError(Exception):
+    """Raised in the tests for a solution call that failed: an exception of no standard kind, an answer that is not
+    data, a worker that exited or did not answer in time."""
+
+
+class SolutionFunction:
+    """A solution's function, seen from the tests: calling it sends the arguments to the worker as data and returns
+    the decoded result (a fresh value of a standard type) or raises what the solution raised."""
+
+    __slots__ = ("_channel", "_deadline", "_name")
+
+    def __init__(self, name: str, channel: socket.socket, deadline: float):
+        self._name, self._channel, self._deadline = name, channel, deadline
+
+    def __repr__(self) -> str:
+        return f"<solution function {self._name}>"
+
+    def __call__(self, *args, **kwargs):
+        try:
+            request = {"call": self._name, "args": encode(list(args)), "kwargs": encode(kwargs)}
+        except CodecError as error:
+            raise SolutionError(f"{self._name}: an argument cannot cross the sandbox boundary: {error}") from None
+        send(self._channel, request)
+        reply = receive(self._channel, self._deadline)
+        if reply is None:
+            raise SolutionError(f"{self._name}: the solution's process ended")
+        if isinstance(reply, dict) and set(reply) == {"value"}:
+            return decode(reply["value"])
+        if isinstance(reply, dict) and set(reply) == {"raised"} and _is_raised(reply["raised"]):
+            raise _exception(*reply["raised"])
+        raise SolutionError(f"{self._name}: not an answer: {reply!r:.80}")
+
+
+def _is_raised(raised) -> bool:
+    return isinstance(raised, list) and len(raised) == 2 and all(isinstance(part, str) for part in raised)
+
+
+def _exception(name: str, message: str) -> BaseException:
+    kind = getattr(builtins, name, None) if name.isidentifier() else None
+    if isinstance(kind, type) and issubclass(kind, Exception) and name not in _NOT_RERAISED:
+        try:
+            return kind(message)
+        except Exception:  # noqa: BLE001 -- kinds that take other arguments (UnicodeDecodeError)
+            pass
+    return SolutionError(f"{name}: {message}")
+
+
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<judge>/mem, ptrace and pidfd_getfd refused to every process without
+    CAP_SYS_PTRACE in the judge's user namespace (the worker never has it)."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def _preimport(tree) -> None:
+    """Import the modules the tests import before the worker exists, so that a module file the worker rewrites later
+    is not what the tests run."""
+    import ast
+    import importlib
+
+    for node in ast.walk(tree):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 -- the tests fail on their own import later, as they would
+                continue
+
+
+def _judge() -> None:
+    import ast
+
+    _not_dumpable()
+    payload = _read_payload()
+    verdict = socket.socket(fileno=payload["verdict_fd"])
+    channel = socket.socket(fileno=payload["channel_fd"])
+    tree = ast.parse(payload["tests"], "<tests>")
+    tests = compile(tree, "<tests>", "exec", dont_inherit=True)
+    _preimport(tree)
+    verdict.sendall(READY)
+    deadline = time.monotonic() + payload["timeout"]
+    hello = receive(channel, deadline)
+    if not (isinstance(hello, dict) and set(hello) == {"names"} and isinstance(hello["names"], dict)):
+        os._exit(1)  # the solution failed, exited, or answered something else
+    namespace = _test_namespace(hello["names"], payload["entry_point"], channel, deadline)
+    exec(tests, namespace)
+    if payload["entry_point"] is not None:
+        namespace["check"](namespace[payload["entry_point"]])
+    verdict.sendall(PASS)
+    os._exit(0)
+
+
+def _test_namespace(names: dict, entry_point, channel: socket.socket, deadline: float) -> dict:
+    """The globals the tests run in: the judge's own builtins, and each of the solution's top-level names that does
+    not shadow a builtin (except `entry_point`) as a proxy, a standard module of the judge's, or a decoded value."""
+    import importlib
+
+    namespace = {}
+    for name, described in names.items():
+        if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")):
+            continue
+        if hasattr(builtins, name) and name != entry_point:
+            continue
+        if described == ["function"]:
+            namespace[name] = SolutionFunction(name, channel, deadline)
+        elif isinstance(described, list) and len(described) == 2 and described[0] == "module":
+            module = described[1] if isinstance(described[1], str) else ""
+            if module.split(".")[0] in sys.stdlib_module_names and module.split(".")[0] not in _NOT_IMPORTED:
+                namespace[name] = importlib.import_module(module)
+        elif isinstance(described, list) and len(described) == 2 and described[0] == "value":
+            namespace[name] = decode(described[1])
+    namespace.update({"__name__": "__main__", "__builtins__": builtins})
+    return namespace
+
+
+def _main(role: str) -> None:
+    if role == "launch":
+        _launch()
+    elif role == "worker":
+        _worker()
+    elif role == "judge":
+        try:
+            _judge()
+        except BaseException:  # noqa: BLE001 -- any failure of the tests is a failing verdict
+            os._exit(1)
+    else:
+        raise SystemExit(f"unknown sandbox role {role!r}: expected launch, worker or judge")
 
 
 if __name__ == "__main__":
-    _main()
+    _main(sys.argv[1])

@@ -1,0 +1,317 @@
+"""What the code reward's sandbox can isolate on this machine, probed once per process: namespaces (`unshare`), a
+user other than the trainer's (`nobody`, when the trainer is root) and a cgroup holding the whole program's process
+count and memory (v2 `pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies). The warning of what is not
+isolated, the refusal `require_isolation` asks for, and the per-run cgroup live here too."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+NOBODY = 65534
+# The program is uid 65534 inside its user namespace: without capabilities there, it cannot unmount the fresh /proc
+# to reveal the trainer's (which `--map-root-user` would allow).
+NAMESPACES = [
+    "unshare",
+    "--user",
+    f"--map-user={NOBODY}",
+    f"--map-group={NOBODY}",
+    "--net",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount-proc",
+]
+PIECES = ("namespaces", "cgroup", "user")
+# Exits 0 only where 127.0.0.1 is unreachable: in an empty network namespace.
+_NETWORK_PROBE = [sys.executable, "-I", "-c", "import socket; socket.socket().connect_ex(('127.0.0.1', 9)) or exit(1)"]
+_CONSEQUENCES = {
+    "namespaces": "no network, PID and user namespace (`unshare` does not work here): the program can connect to the "
+    "trainer's 127.0.0.1 sockets, sees every process on the machine, can signal those of its user, and a child "
+    "that calls setsid outlives the reward unless a cgroup holds it",
+    "cgroup": "no cgroup ({reason}): max_processes is RLIMIT_NPROC (counted per user, not enforced for root) and "
+    "memory_limit_mb is RLIMIT_AS per process, so several processes together can exceed it",
+    "user": "the program runs as the trainer's user (uid {uid}): it can write every file that user can and signal "
+    "that user's processes outside a PID namespace",
+}
+_warned: list[str] = []
+# Read once at import: a program that rewrites the package's files cannot change what later runs execute.
+SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
+
+
+def sandbox_user() -> int | None:
+    """`nobody`'s uid when the trainer is root, `setpriv` exists and `nobody` can run this Python the way the worker
+    runs (in the namespaces where `sandbox_isolates_network()`; probed once per mode), else None."""
+    return NOBODY if _nobody_runs(sandbox_isolates_network()) else None
+
+
+@functools.cache
+def _nobody_runs(namespaces: bool) -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    command = [*NAMESPACES, *_NETWORK_PROBE] if namespaces else [sys.executable, "-I", "-c", "pass"]
+    return _runs(launch_command(command, [], NOBODY))
+
+
+@functools.cache
+def sandbox_isolates_network() -> bool:
+    """Whether `unshare` gives the program a user, network, PID and mount namespace (probed once per process): then
+    programs run without network, in their own PID namespace."""
+    return _namespaces_work(None)
+
+
+@functools.cache
+def _namespaces_work(user: int | None) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return _runs(launch_command([*NAMESPACES, *_NETWORK_PROBE], [], user))
+
+
+def launch_command(command: list[str], cgroup_procs: list[str], user: int | None) -> list[str]:
+    """`command` through the launcher (join the cgroup, drop to `user`) when either is asked, else as it is."""
+    if not cgroup_procs and user is None:
+        return command
+    plan = json.dumps({"cgroup_procs": cgroup_procs, "user": user, "command": command})
+    return [sys.executable, "-I", "-S", "-c", SANDBOX_SOURCE, "launch", plan]
+
+
+def _runs(command: list[str]) -> bool:
+    try:
+        result = subprocess.run(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return result.returncode == 0
+
+
+# Cgroups ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupParents:
+    """Where a run's cgroup is created: one v2 directory, or the v1 `pids` and `memory` directories."""
+
+    version: int
+    directories: tuple[str, ...]
+
+
+@functools.cache
+def sandbox_cgroup() -> CgroupParents | str:
+    """The cgroup parents this process may create children in (probed once), or why there are none."""
+    mounts = _mounts()
+    own = _own_cgroups()
+    reasons = []
+    for mount, kind, _options in mounts:
+        if kind == "cgroup2" and "" in own:
+            parent = mount + own[""]
+            found = _v2_parent(parent)
+            if isinstance(found, CgroupParents):
+                return found
+            reasons.append(found)
+    v1 = {}
+    for controller in ("pids", "memory"):
+        for mount, kind, options in mounts:
+            if kind == "cgroup" and controller in options.split(",") and controller in own:
+                v1[controller] = mount + own[controller]
+    if len(v1) == 2:
+        failure = next(filter(None, (_can_create_child(directory) for directory in v1.values())), None)
+        if failure is None:
+            return CgroupParents(1, (v1["pids"], v1["memory"]))
+        reasons.append(f"cgroup v1: {failure}")
+    elif not reasons:
+        reasons.append("no cgroup v2 with the pids and memory controllers and no v1 pids and memory hierarchies")
+    return "; ".join(reasons)
+
+
+def _mounts() -> list[tuple[str, str, str]]:
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    return [(fields[1], fields[2], fields[3]) for fields in map(str.split, lines) if len(fields) >= 4]
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup path per controller ("" for v2), from /proc/self/cgroup."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return {}
+    own = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path.rstrip("/")
+    return own
+
+
+def _v2_parent(parent: str) -> CgroupParents | str:
+    try:
+        enabled = Path(parent, "cgroup.subtree_control").read_text().split()
+        available = Path(parent, "cgroup.controllers").read_text().split()
+    except OSError as error:
+        return f"cgroup v2 at {parent}: {error.strerror}"
+    if not {"pids", "memory"} <= set(available):
+        return f"cgroup v2 at {parent} offers {' '.join(available) or 'no controllers'}, not pids and memory"
+    if not {"pids", "memory"} <= set(enabled):
+        try:
+            Path(parent, "cgroup.subtree_control").write_text("+pids +memory")
+        except OSError as error:
+            return f"cgroup v2 at {parent}: cannot enable pids and memory for children ({error.strerror})"
+    failure = _can_create_child(parent)
+    return CgroupParents(2, (parent,)) if failure is None else f"cgroup v2: {failure}"
+
+
+def _can_create_child(parent: str) -> str | None:
+    probe = Path(parent, f"aspo-probe-{secrets.token_hex(4)}")
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as error:
+        return f"cannot create a cgroup in {parent} ({error.strerror})"
+    return None
+
+
+class RunCgroup:
+    """One run's cgroup: created with the limits for the whole program, emptied (every process SIGKILLed) and removed
+    by `close`."""
+
+    def __init__(self, parents: CgroupParents, max_processes: int, memory_bytes: int):
+        name = f"aspo-run-{os.getpid()}-{secrets.token_hex(6)}"
+        self.version = parents.version
+        self.directories = [Path(parent, name) for parent in parents.directories]
+        for directory in self.directories:
+            directory.mkdir()
+        try:
+            if self.version == 2:
+                self._write(self.directories[0], "pids.max", max_processes)
+                self._write(self.directories[0], "memory.max", memory_bytes)
+                self._write(self.directories[0], "memory.swap.max", 0, optional=True)
+                self._write(self.directories[0], "memory.oom.group", 1, optional=True)
+            else:
+                pids, memory = self.directories
+                self._write(pids, "pids.max", max_processes)
+                self._write(memory, "memory.limit_in_bytes", memory_bytes)
+                self._write(memory, "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
+            if os.geteuid() == 0 and sandbox_user() is None:
+                self._hand_files_to_nobody()
+        except OSError:
+            self.close()
+            raise
+
+    def _hand_files_to_nobody(self) -> None:
+        """A root trainer's program that is not `nobody` is root outside its user namespace: as the owner of the
+        cgroup's files it could raise their limits. Owned by `nobody` (mode 0644), only this root process writes
+        them. (Moving itself to the parent cgroup stays possible under v1: the parent's files are the system's.)"""
+        for directory in self.directories:
+            for path in directory.iterdir():
+                os.chown(path, NOBODY, NOBODY)
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(directory / "cgroup.procs") for directory in self.directories]
+
+    @staticmethod
+    def _write(directory: Path, name: str, value: int, optional: bool = False) -> None:
+        path = directory / name
+        if optional and not path.exists():
+            return
+        path.write_text(str(value))
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup, until it is empty (v1 has no cgroup.kill: repeat, since a process
+        may fork while it is being killed; pids.max bounds how many there are)."""
+        if self.version == 2 and (self.directories[0] / "cgroup.kill").exists():
+            with contextlib.suppress(OSError):
+                (self.directories[0] / "cgroup.kill").write_text("1")
+        for _ in range(200):
+            pids = set()
+            for directory in self.directories:
+                with contextlib.suppress(OSError):
+                    pids.update(int(pid) for pid in (directory / "cgroup.procs").read_text().split())
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.005)
+
+    def close(self) -> None:
+        self.kill()
+        for directory in self.directories:
+            for _ in range(200):  # a killed process leaves the cgroup once it is reaped
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.005)
+
+
+# What is missing, warned once, refused on request --------------------------------------------------------------------
+
+
+def missing_isolation() -> dict[str, str]:
+    """Each piece of isolation this machine does not give (of `PIECES`), with what follows from its absence."""
+    missing = {}
+    if not sandbox_isolates_network():
+        missing["namespaces"] = _CONSEQUENCES["namespaces"]
+    cgroup = sandbox_cgroup()
+    if not isinstance(cgroup, CgroupParents):
+        missing["cgroup"] = _CONSEQUENCES["cgroup"].format(reason=cgroup)
+    if sandbox_user() is None:
+        missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid())
+    return missing
+
+
+def required_pieces(require_isolation) -> set[str]:
+    """`require_isolation` as a set of `PIECES`: False none, True the namespaces, or an iterable of piece names."""
+    if require_isolation is False or require_isolation is None:
+        return set()
+    if require_isolation is True:
+        return {"namespaces"}
+    if isinstance(require_isolation, str):
+        require_isolation = [require_isolation]
+    pieces = set(require_isolation)
+    unknown = pieces - set(PIECES)
+    if unknown:
+        raise ValueError(
+            f"`require_isolation`: unknown piece(s) {sorted(unknown)}; expected True, False or a list of {PIECES}"
+        )
+    return pieces
+
+
+def check_isolation(require_isolation) -> None:
+    """Refuse (RuntimeError naming the missing pieces) when a required piece is missing; else warn once per process
+    about every missing piece."""
+    missing = missing_isolation()
+    refused = {piece: why for piece, why in missing.items() if piece in required_pieces(require_isolation)}
+    if refused:
+        details = "; ".join(f"{piece}: {why}" for piece, why in refused.items())
+        raise RuntimeError(
+            f"code_unit_test_reward: require_isolation={require_isolation!r} but this machine does not isolate the "
+            f"program: {details}. Run where these work or pass require_isolation=False to accept it."
+        )
+    unseen = [piece for piece in missing if piece not in _warned]
+    if unseen:
+        _warned.extend(unseen)
+        details = "; ".join(f"{piece}: {missing[piece]}" for piece in unseen)
+        warnings.warn(
+            f"code_unit_test_reward runs model code without full isolation: {details}. "
+            "Pass require_isolation=True (or a list of pieces) to refuse instead.",
+            RuntimeWarning,
+            stacklevel=3,
+        )

@@ -19,7 +19,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from trl_aspo.evaluation import isolation, sandbox
+import trl_aspo.evaluation.isolation as isolation  # as a module: not through the package, which imports this one
+import trl_aspo.evaluation.sandbox as sandbox
 from trl_aspo.evaluation.isolation import sandbox_isolates_network
 
 __all__ = ["code_unit_test_reward", "run_unit_tests", "sandbox_isolates_network", "summed_rewards"]

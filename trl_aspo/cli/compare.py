@@ -386,10 +386,12 @@ def write_json(path: Path, value: Any) -> None:
 
 def finished_summary(experiment: Experiment, variant: str, seed: int) -> dict | None:
     """The summary of a finished run, or None; a finished run made with a different config is an error."""
+    from trl_aspo.cli.run_files import read_run_summary
+
     path = experiment.run_dir(variant, seed) / SUMMARY_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    summary = json.loads(path.read_text())
+    summary = read_run_summary(path, tuple(experiment.metrics))
     # Both sides with their fields' types: `learning_rate: '2e-4'` (text to YAML 1.1) trained the run 0.0002 does.
     expected = typed_config(json.loads(json.dumps(experiment.run_config(variant, seed))))
     trained = typed_config(summary.get("config") or {}, expected.get("trainer", "sync"))
@@ -545,6 +547,7 @@ def write_outputs(
 
 
 def as_plot_run(summary: dict) -> dict:
+    """The `plot_comparison` run of a compare run's summary (checked on reading: `run_files.read_run_summary`)."""
     heldout = summary.get("heldout") or {}
     initial = summary.get("heldout_initial") or {}
     return {
@@ -565,61 +568,71 @@ def logged_batch_size(trainer_state: dict, path: Path) -> int | None:
     return size
 
 
-def load_run(run_dir: str) -> dict:
-    """A run for `plot_comparison` from any TRL output folder (or one of its checkpoints).
+def load_run(run_dir: str, metrics: tuple[str, ...] = ()) -> dict:
+    """A run for `plot_comparison` from any TRL output folder (or one of its checkpoints), its files read bounded
+    and checked (trl_aspo.cli.run_files: the panels' metrics and `metrics` must be numbers, accuracies fractions).
 
-    The log history is `trainer_state.json` in the folder, else in its latest `checkpoint-*`. Completions per step
-    come from a compare run's summary, else from `train_batch_size` in that `trainer_state.json` (one process, one
-    gradient accumulation step and one iteration per generation assumed: TRL's defaults). Nothing is unpickled:
-    `training_args.bin` is a pickle, and unpickling a file from a folder someone handed over runs their code.
-    Held-out accuracy comes from a compare run's summary or `summary.json` of `trl-aspo train` with
-    `evaluate_before_after`."""
+    The log history is a compare run's summary's, else `trainer_state.json`'s in the folder, else in its latest
+    `checkpoint-<step>` (other `checkpoint-*` names are skipped). Completions per step come from a compare run's
+    summary, else from `train_batch_size` in that `trainer_state.json` (one process, one gradient accumulation step
+    and one iteration per generation assumed: TRL's defaults). Nothing is unpickled: `training_args.bin` is a
+    pickle, and unpickling a file from a folder someone handed over runs their code. Held-out accuracy after
+    training comes from a compare run's summary or `summary.json` of `trl-aspo train` with `evaluate_before_after`;
+    before training from that `summary.json`, or for a compare run (`<output_dir>/runs/<variant>/seed<S>`) from its
+    comparison's `<output_dir>/initial_evaluation.json`; during training from the `heldout/*` rows of the history."""
+    from trl_aspo.cli.plot import COMPARISON_PANELS
+    from trl_aspo.cli.run_files import (
+        latest_checkpoint_file,
+        read_before_after,
+        read_initial_evaluation,
+        read_run_summary,
+        read_trainer_state,
+    )
+
+    keys = (*(key for key, _ in COMPARISON_PANELS), *metrics)
     folder = Path(run_dir)
+    summary_path = folder / SUMMARY_FILE
+    if summary_path.exists() or summary_path.is_symlink():
+        run = as_plot_run(read_run_summary(summary_path, keys, require_history=True))
+        # `compare` adds the starting model's evaluation to the summaries it holds, not to the files it wrote.
+        initial = folder.resolve().parent.parent.parent / "initial_evaluation.json"
+        in_comparison = folder.resolve().parent.parent.name == "runs"
+        if run["heldout"]["initial"] is None and in_comparison and (initial.exists() or initial.is_symlink()):
+            run["heldout"]["initial"] = read_initial_evaluation(initial)
+        return run
     state = folder / "trainer_state.json"
-    if not state.exists():
-        checkpoints = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name[11:]))
-        if not checkpoints:
-            raise ValueError(f"{run_dir}: no trainer_state.json in the folder or in a checkpoint-* subfolder")
-        state = checkpoints[-1]
-    trainer_state = json.loads(state.read_text())
+    if not state.exists() and not state.is_symlink():
+        state = latest_checkpoint_file(folder, "trainer_state.json")
+        if state is None:
+            raise ValueError(f"{run_dir}: no trainer_state.json in the folder or in a checkpoint-<step> subfolder")
+    trainer_state = read_trainer_state(state, keys)
     run = {
-        "history": trainer_state.get("log_history", []),
+        "history": trainer_state["log_history"],
         "completions_per_step": logged_batch_size(trainer_state, state),
         "heldout": {},
     }
-    summary_path = folder / SUMMARY_FILE
-    if summary_path.exists():
-        run.update(
-            {
-                key: value
-                for key, value in as_plot_run(json.loads(summary_path.read_text())).items()
-                if key != "history"
-            }
-        )
-        return run
     before_after = folder / "summary.json"
-    if before_after.exists():
-        evaluated = json.loads(before_after.read_text())
-        run["heldout"] = {
-            "initial": (evaluated.get("before") or {}).get("accuracy"),
-            "final": (evaluated.get("after") or {}).get("accuracy"),
-        }
+    if before_after.exists() or before_after.is_symlink():
+        run["heldout"] = read_before_after(before_after)
     return run
 
 
 def load_weight_map(run_dir: str) -> dict:
-    """`weight_map.json` (ASPOConfig.log_weight_map) of a training output folder, else of its latest checkpoint."""
+    """`weight_map.json` (ASPOConfig.log_weight_map) of a training output folder, else of its latest
+    `checkpoint-<step>` (other `checkpoint-*` names are skipped), read bounded and checked
+    (`run_files.check_weight_map`: bins, grid shapes, weight sums and token counts >= 0)."""
+    from trl_aspo.cli.run_files import check_weight_map, latest_checkpoint_file, read_object
+
     folder = Path(run_dir)
     path = folder / WEIGHT_MAP_FILE
-    if not path.exists():
-        checkpoints = sorted(folder.glob(f"checkpoint-*/{WEIGHT_MAP_FILE}"), key=lambda p: int(p.parent.name[11:]))
-        if not checkpoints:
+    if not path.exists() and not path.is_symlink():
+        path = latest_checkpoint_file(folder, WEIGHT_MAP_FILE)
+        if path is None:
             raise ValueError(
-                f"{run_dir}: no {WEIGHT_MAP_FILE} in the folder or in a checkpoint-* subfolder (train with "
+                f"{run_dir}: no {WEIGHT_MAP_FILE} in the folder or in a checkpoint-<step> subfolder (train with "
                 "log_weight_map=true and an off-policy setting)"
             )
-        path = checkpoints[-1]
-    state = json.loads(path.read_text())
+    state = check_weight_map(read_object(path), path)
     if not any(count for sign in ("positive", "negative") for row in state["total"][sign]["count"] for count in row):
         raise ValueError(
             f"{path}: the map holds no tokens (no off-policy pass was logged: set num_iterations > 1 or "
@@ -749,7 +762,7 @@ def plot_main(argv: list[str]) -> int:
     groups: dict[str, list[dict]] = {}
     try:
         for label, run_dir in zip(labels, args.run_dirs, strict=True):
-            groups.setdefault(label, []).append(load_run(run_dir))
+            groups.setdefault(label, []).append(load_run(run_dir, tuple(args.metrics)))
         path = plot_comparison(groups, args.output or "comparison.png", tuple(args.metrics), smoothing=args.smoothing)
     except ValueError as error:
         parser.error(str(error))

@@ -7,6 +7,7 @@ has no zero-advantage samples by construction, so that panel would be a flat lin
 
 from __future__ import annotations
 
+import math
 import os
 
 DEFAULT_METRICS = (
@@ -206,8 +207,8 @@ def plot_comparison(
     panels = [
         (key, label)
         for key, label in panels
-        if (key == HELDOUT_ACCURACY and any((run.get("heldout") or {}).get("final") is not None for run in runs))
-        or (any(logged[key]) and key not in zero)
+        if (key == HELDOUT_ACCURACY and any(_has_heldout(run) for run in runs))
+        or (key != HELDOUT_ACCURACY and any(logged[key]) and key not in zero)
     ]
     if not panels:
         raise ValueError("None of the runs logged any nonzero metric to plot (empty log_history?).")
@@ -272,6 +273,9 @@ def plot_comparison(
         if not by_seconds:
             integer_steps(axis)
         axis.grid(alpha=0.3)
+    _heldout_over_training(
+        dict(zip((key for key, _ in panels), axes.flat, strict=False)), variants, by_seconds, by_completions
+    )
     for axis in list(axes.flat)[len(panels) :]:
         axis.axis("off")
     # One legend for the figure, from a training-curve panel: every variant with its line style and run count.
@@ -286,6 +290,34 @@ def plot_comparison(
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _has_heldout(run: dict) -> bool:
+    heldout = run.get("heldout") or {}
+    during = metric_points(run["history"], HELDOUT_ACCURACY)
+    return heldout.get("initial") is not None or heldout.get("final") is not None or bool(during)
+
+
+def _heldout_over_training(axes: dict, variants: dict[str, list[dict]], by_seconds: bool, by_completions: bool):
+    """Give the held-out panel the x range of training, from 0 (the starting model) to the last step: its points,
+    a few evaluations, would otherwise set the range themselves (one final point at step 128: 122 to 134)."""
+    axis = axes.get(HELDOUT_ACCURACY)
+    if axis is None:
+        return
+    ends = [
+        _x_of_step(group, by_seconds, by_completions)(max((row.get("step", 0) for row in run["history"]), default=0))
+        for group in variants.values()
+        for run in group
+    ]
+    ends = [end for end in ends if math.isfinite(end)]
+    lefts_rights = [other.get_xlim() for key, other in axes.items() if key != HELDOUT_ACCURACY]
+    left = min([0.0, *(low for low, _ in lefts_rights)])
+    right = max([*ends, *(high for _, high in lefts_rights)], default=0.0)
+    if right > left:
+        if not lefts_rights:
+            margin = 0.05 * (right - left)
+            left, right = left - margin, right + margin
+        axis.set_xlim(left, right)
 
 
 def _legend_entries(axes) -> tuple[list, list[str]]:
@@ -345,9 +377,21 @@ def _plot_heldout(
 
 
 def _percent_formatter():
+    """Percent tick labels of a fraction axis with the fewest decimals (0 to 4) that write every tick exactly, so
+    that no two labels are alike: an axis spanning 24%-26% in steps of 0.25% is labelled 24.00%, 24.25%, ...
+    rather than 24%, 24%, 25%, 25%, 26%."""
     from matplotlib.ticker import PercentFormatter
 
-    return PercentFormatter(xmax=1.0, decimals=0)
+    def exact(percent: float, decimals: int) -> bool:
+        return abs(round(percent, decimals) - percent) <= 1e-9 * max(1.0, abs(percent))
+
+    class ExactPercentFormatter(PercentFormatter):
+        def set_locs(self, locs):
+            super().set_locs(locs)
+            percents = [100.0 * loc for loc in locs]
+            self.decimals = next((d for d in range(5) if all(exact(p, d) for p in percents)), 4)
+
+    return ExactPercentFormatter(xmax=1.0, decimals=0)
 
 
 def mean_weight_grid(grid: dict) -> list[list[float]]:

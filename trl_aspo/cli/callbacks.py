@@ -27,8 +27,11 @@ class HeldoutDuringTraining(TrainerCallback):
     """Evaluates the policy on the held-out split every `every_steps` optimizer steps (not at the last step, which
     the comparison evaluates after training) and appends `{"step": s, "heldout/...": ...}` to the log history.
 
-    `evaluate(model, tokenizer)` returns an `evaluate_tool_use` summary; it runs on the main process only, under
-    `torch.random.fork_rng` (inside `evaluate_tool_use`), so training's random stream is not changed by it.
+    `evaluate(model, tokenizer)` returns an `evaluate_tool_use` summary; it runs on every rank, each generating the
+    same completions, under `torch.random.fork_rng` (inside `evaluate_tool_use`), so training's random stream is not
+    changed by it, and every rank logs the same row. Every rank must take part: under FSDP2 each forward of the
+    sharded model all-gathers its layers (and under DeepSpeed ZeRO-3 the engine's hooks gather each layer's
+    partition), so a forward on the main process alone waits forever for the others.
     `seconds` is the time spent evaluating, which `TrainingClock` leaves out."""
 
     def __init__(self, every_steps: int, evaluate: Callable[[object, object], dict]):
@@ -36,9 +39,10 @@ class HeldoutDuringTraining(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         step = state.global_step
-        if step % self.every_steps or step >= state.max_steps or not state.is_world_process_zero:
+        if step % self.every_steps or step >= state.max_steps:
             return
         start = time.perf_counter()
+        # DDP wraps the model (`.module`); FSDP2 shards it in place and ZeRO-3 hooks it, the model itself.
         unwrapped = getattr(model, "module", model)
         with generation_attention(unwrapped) as generating:
             summary = self.evaluate(generating, processing_class)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from trl.models.utils import unwrap_model_for_generation
+
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
 
 SUMMARY_ROWS = (
@@ -61,7 +63,8 @@ def heldout_settings(args, samples_per_problem: int, temperature: float) -> dict
 
 
 class BeforeAfterReport:
-    """Evaluates the trainer's model on the held-out split before and after training (main process only).
+    """Evaluates the trainer's model on the held-out split before and after training (on every rank, so that
+    sharded models can gather their weights; the main process prints and writes `summary.json`).
 
     `correctness_reward` decides correctness; the settings are `heldout_settings` of the training config."""
 
@@ -121,20 +124,28 @@ class BeforeAfterReport:
         os.replace(temporary, self.path)
 
     def measure(self, label: str) -> None:
+        """Evaluate the trainer's model now and keep the summary under `label`, on every rank.
+
+        Every rank generates the same completions (same prompts, greedy or seeded sampling): under FSDP2 each
+        forward all-gathers the layers' shards, and under DeepSpeed ZeRO-3 TRL's `unwrap_model_for_generation`
+        gathers the partitioned weights, both collectives that deadlock when the main process generates alone
+        while the other ranks wait at a barrier."""
         trainer = self.trainer
-        if trainer.accelerator.is_main_process:
-            args = trainer.args
-            with generation_attention(trainer.accelerator.unwrap_model(trainer.model)) as model:
-                summary = evaluate_tool_use(
-                    model,
-                    trainer.processing_class,
-                    self.dataset,
-                    self.reward_fn,
-                    self.tools,
-                    **heldout_settings(args, self.samples_per_problem, self.temperature),
-                )
-            summary.pop("records")
-            self.results[label] = summary
+        with (
+            unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped,
+            generation_attention(unwrapped) as model,
+        ):
+            summary = evaluate_tool_use(
+                model,
+                trainer.processing_class,
+                self.dataset,
+                self.reward_fn,
+                self.tools,
+                progress=trainer.accelerator.is_main_process,
+                **heldout_settings(trainer.args, self.samples_per_problem, self.temperature),
+            )
+        summary.pop("records")
+        self.results[label] = summary
         trainer.accelerator.wait_for_everyone()
 
     def finish(self) -> None:

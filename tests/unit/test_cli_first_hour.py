@@ -296,13 +296,13 @@ def test_num_processes_on_a_cpu_launches_that_many_gloo_processes_or_says_why_no
         ),
         (
             ["train", "--config", SMOKE, "--loss_type", "dapo", "--aspo_dual_clip", "2"],
-            "trl-aspo train: aspo_dual_clip=2.0 is invalid: it only acts in the aspo loss, so it needs "
+            "trl-aspo train: ASPOConfig.aspo_dual_clip=2.0 is invalid: it only acts in the aspo loss, so it needs "
             "loss_type='aspo' (got loss_type='dapo'). Remove aspo_dual_clip or change loss_type.",
         ),
         (
             ["train", "--config", SMOKE, "--tool_shaping", "false", "--tool_shaping_k", "0.5"],
-            "trl-aspo train: tool_shaping_k=0.5 is invalid: it only acts in tool-position shaping, so it needs "
-            "tool_shaping=True (got tool_shaping=False). Remove tool_shaping_k or change tool_shaping.",
+            "trl-aspo train: ASPOConfig.tool_shaping_k=0.5 is invalid: it only acts in tool-position shaping, so it "
+            "needs tool_shaping=True (got tool_shaping=False). Remove tool_shaping_k or change tool_shaping.",
         ),
         (
             ["train", "--dataset_name", "builtin:calculator", "--reward_funcs", "builtin:correctness"],

@@ -289,6 +289,7 @@ def dependency_table(config_class, fields: list[dict]) -> list[dict]:
             continue
         rows.append(
             {
+                "config": config_class.__name__,
                 "option": dependency.option,
                 "switches": list(dependency.switches),
                 "needs": dependency.needs,
@@ -726,8 +727,8 @@ def dependency_problems(values: dict[str, Any], fields: dict[str, dict], depende
         if key in dependency["fails"]:
             got = ", ".join(f"{switch}={shown(value)}" for switch, value in zip(switches, current, strict=True))
             problems.append(
-                f"{option}={shown(values[option])} is invalid: {dependency['why']}, so it needs {dependency['needs']} "
-                f"(got {got}). Remove {option} or change {', '.join(switches)}."
+                f"{dependency['config']}.{option}={shown(values[option])} is invalid: {dependency['why']}, so it "
+                f"needs {dependency['needs']} (got {got}). Remove {option} or change {', '.join(switches)}."
             )
     return problems
 

@@ -5,7 +5,8 @@ JSON named with its line), and every field the figures or tables use is checked 
 a `ValueError` naming the file, the field, the value and what is allowed:
 
 - `trainer_state.json`: `log_history` a list of objects, `step` an integer >= 0, each drawn metric a number (NaN
-  allowed: a diverged loss is drawn as a gap), shares and held-out accuracies in [0, 1], `train_seconds` >= 0;
+  allowed: a diverged loss is drawn as a gap), shares and held-out accuracies in [0, 1] (or NaN, the mean over
+  nothing), `train_seconds` >= 0;
 - `run_summary.json` (compare) and `initial_evaluation.json`: the same history, held-out accuracies in [0, 1],
   `completions_per_step` > 0;
 - `summary.json` (`trl-aspo train` with `evaluate_before_after`): held-out accuracies in [0, 1];
@@ -53,6 +54,13 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float)
 
 
+def _fraction(value: Any, path: str, field: str, what: str) -> float:
+    """A fraction in [0, 1], or NaN: the mean over nothing (an empty held-out split, a step without samples)."""
+    if isinstance(value, float) and math.isnan(value):
+        return value
+    return require_number(value, path, field, 0.0, 1.0, what)
+
+
 def check_log_history(history: Any, path: Path, field: str, metrics: tuple[str, ...]) -> list[dict]:
     """`history` (a `log_history`) if it is a list of objects whose `step` is an integer >= 0 and whose `metrics`
     are numbers (NaN allowed), fractions in [0, 1] for `FRACTION_METRICS` and >= 0 for `train_seconds`."""
@@ -67,7 +75,7 @@ def check_log_history(history: Any, path: Path, field: str, metrics: tuple[str, 
                 continue
             name = f"{field}[{index}][{key!r}]"
             if key in FRACTION_METRICS:
-                require_number(value, where, name, 0.0, 1.0, "a fraction in [0, 1]")
+                _fraction(value, where, name, "a fraction in [0, 1]")
             elif key == TRAIN_SECONDS:
                 require_number(value, where, name, 0.0, None, "a number of seconds >= 0")
             elif not _is_number(value) or (isinstance(value, int) and abs(value) >= 2**1023):
@@ -79,7 +87,7 @@ def check_accuracy(value: Any, path: Path, field: str) -> float | None:
     """A held-out accuracy: None, or a fraction in [0, 1]."""
     if value is None:
         return None
-    return require_number(value, str(path), field, 0.0, 1.0, "a held-out accuracy, a fraction in [0, 1]")
+    return _fraction(value, str(path), field, "a held-out accuracy, a fraction in [0, 1]")
 
 
 def evaluation_accuracy(evaluation: Any, path: Path, field: str) -> float | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -78,12 +77,24 @@ def _namespaces_work(user: int | None) -> bool:
     return _runs(launch_command([*NAMESPACES, *_NETWORK_PROBE], [], user))
 
 
+# Joins each cgroup given (its own pid into their cgroup.procs) before anything else runs, then execs the command
+# (without the PWD the shell exports: the environment stays the minimal one).
+_JOIN_CGROUPS = (
+    'unset PWD OLDPWD; n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 126; shift; n=$((n - 1)); done; '
+    'exec "$@"'
+)
+
+
 def launch_command(command: list[str], cgroup_procs: list[str], user: int | None) -> list[str]:
-    """`command` through the launcher (join the cgroup, drop to `user`) when either is asked, else as it is."""
-    if not cgroup_procs and user is None:
-        return command
-    plan = json.dumps({"cgroup_procs": cgroup_procs, "user": user, "command": command})
-    return [sys.executable, "-I", "-S", "-c", SANDBOX_SOURCE, "launch", plan]
+    """`command` run as `user` (through setpriv) inside the cgroups whose `cgroup.procs` files are given: a shell
+    (as the trainer's user) writes its pid into them and execs setpriv, which execs the command; so both hold
+    before the command's first instruction. setpriv rather than os.setresuid: on some machines an interpreter under
+    a directory closed to `nobody` (/root/.pyenv) starts after setpriv's change of user but not after Python's."""
+    if user is not None:
+        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
+    if cgroup_procs:
+        command = ["sh", "-c", _JOIN_CGROUPS, "sh", str(len(cgroup_procs)), *cgroup_procs, *command]
+    return command
 
 
 def _runs(command: list[str]) -> bool:

@@ -196,6 +196,7 @@ def run_unit_tests(
             cgroup = isolation.RunCgroup(parents, max_processes, memory_limit_mb * 2**20)
             stack.callback(cgroup.close)
         channel_judge, channel_worker = _socket_pair(stack)
+        channel_worker_fd = channel_worker.fileno()  # its number in the worker too (pass_fds keeps numbers)
         verdict_trainer, verdict_judge = _socket_pair(stack)
         judge_payload = {
             "tests": tests,
@@ -206,16 +207,22 @@ def run_unit_tests(
             "verdict_fd": verdict_judge.fileno(),
         }
         judge_command = [sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE, "judge"]
-        judge = _spawn(stack, judge_command, judge_payload, judge_dir, (channel_judge, verdict_judge))
+        with _payload_file(judge_payload) as stdin:
+            judge = _spawn(stack, judge_command, stdin, judge_dir, (channel_judge, verdict_judge))
         verdict_judge.close()
-        if not _judge_is_ready(verdict_trainer):
-            return False
-        worker_payload = {"solution": solution, "limits": worker_limits, "channel_fd": channel_worker.fileno()}
+        # The worker's interpreter starts while the judge's does; the solution reaches it only once the judge is
+        # ready (not dumpable): until then the worker runs nothing but this source, blocked on its stdin.
+        feed, worker_stdin = _socket_pair(stack)
         command = [*(isolation.NAMESPACES if namespaces else []), sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE]
         command = isolation.launch_command([*command, "worker"], cgroup.procs_files if cgroup else [], user)
-        worker = _spawn(stack, command, worker_payload, workdir, (channel_worker,))
-        channel_worker.close()
-        channel_judge.close()
+        worker = _spawn(stack, command, worker_stdin, workdir, (channel_worker,))
+        for end in (worker_stdin, channel_worker, channel_judge):
+            end.close()
+        if not _judge_is_ready(verdict_trainer):
+            return False
+        worker_payload = {"solution": solution, "limits": worker_limits, "channel_fd": channel_worker_fd}
+        if not _send_all(feed, json.dumps(worker_payload).encode(), timeout):
+            return False
         _wait_then_kill_group(judge, timeout)
         _kill_group(worker, cgroup)
         return judge.returncode == 0 and _read_verdict(verdict_trainer) == sandbox.PASS
@@ -230,24 +237,41 @@ def _socket_pair(stack: contextlib.ExitStack) -> tuple[socket.socket, socket.soc
     return pair
 
 
-def _spawn(stack, command, payload, workdir, keep: tuple[socket.socket, ...]) -> subprocess.Popen:
-    """`command` in a session of its own, its payload on stdin (a file: nothing to feed while it runs), only `keep`
-    inherited, output discarded unread; its whole group is killed with `stack`."""
+@contextlib.contextmanager
+def _payload_file(payload: dict):
+    """`payload` as JSON in an unlinked file: a child reads it as its stdin, with nothing to feed while it runs."""
     with tempfile.TemporaryFile() as stdin:
         stdin.write(json.dumps(payload).encode())
         stdin.seek(0)
-        process = subprocess.Popen(
-            command,
-            stdin=stdin,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=workdir,
-            env=_minimal_environment(workdir),
-            pass_fds=tuple(end.fileno() for end in keep),
-            start_new_session=True,
-        )
+        yield stdin
+
+
+def _spawn(stack, command, stdin, workdir, keep: tuple[socket.socket, ...]) -> subprocess.Popen:
+    """`command` in a session of its own with `stdin`, only `keep` inherited besides, output discarded unread; its
+    whole group is killed with `stack`."""
+    process = subprocess.Popen(
+        command,
+        stdin=stdin,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=workdir,
+        env=_minimal_environment(workdir),
+        pass_fds=tuple(end.fileno() for end in keep),
+        start_new_session=True,
+    )
     stack.callback(_kill_group, process, None)
     return process
+
+
+def _send_all(feed: socket.socket, data: bytes, timeout: float) -> bool:
+    """Write `data` to the worker's stdin and close it, within `timeout`; False if the worker is gone or stuck."""
+    feed.settimeout(timeout)
+    try:
+        feed.sendall(data)
+        feed.shutdown(socket.SHUT_WR)
+    except OSError:
+        return False
+    return True
 
 
 def _judge_is_ready(verdict: socket.socket) -> bool:

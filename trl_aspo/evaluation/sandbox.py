@@ -1,9 +1,8 @@
 """The programs `code_unit_test_reward` runs (this source, by `python -I -c <source> <role>`), and their data codec.
 
-Three roles, one source:
+Two roles, one source (started by `code_unit_test_reward`: the worker through `unshare`, the run's cgroup and a
+change of user where this machine allows them, `trl_aspo.evaluation.isolation`):
 
-- `launch` (trusted, as the trainer's user): joins the run's cgroup, drops root to `nobody`, then execs the worker
-  command (through `unshare` where namespaces work). It exists so that both happen before any solution code exists.
 - `worker` (untrusted): runs the solution, then answers calls. It holds no secret and decides nothing: it only
   receives requests `{"call": name, "args": ..., "kwargs": ...}` on its one socket and answers with data.
 - `judge` (trusted): runs the row's tests, in which every solution name is a proxy that calls the worker across the
@@ -179,24 +178,6 @@ def _read_payload():
     return payload
 
 
-# The launcher -------------------------------------------------------------------------------------------------------
-
-
-def _launch() -> None:
-    """argv: a JSON object {"cgroup_procs": [paths], "user": uid or null, "command": [...]}."""
-    plan = json.loads(sys.argv[2])
-    for procs in plan["cgroup_procs"]:
-        with open(procs, "w") as handle:
-            handle.write(str(os.getpid()))
-    command = plan["command"]
-    if plan["user"] is not None:
-        user = str(plan["user"])
-        # setpriv (util-linux, beside unshare) where it exists: on some machines an interpreter under a directory
-        # closed to `nobody` (/root/.pyenv) runs after setpriv's change of user but not after os.setresuid's.
-        command = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *command]
-    os.execvp(command[0], command)
-
-
 # The worker (untrusted: everything after the solution started is in its hands) --------------------------------------
 
 
@@ -310,8 +291,12 @@ def _exception(name: str, message: str) -> BaseException:
 
 def _not_dumpable() -> None:
     """prctl(PR_SET_DUMPABLE, 0): /proc/<judge>/mem, ptrace and pidfd_getfd refused to every process without
-    CAP_SYS_PTRACE in the judge's user namespace (the worker never has it)."""
+    CAP_SYS_PTRACE in the judge's user namespace (the worker never has it). Linux only: elsewhere there is no
+    /proc/<pid>/mem, and ptrace is the system's to restrict."""
     import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return
 
     if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
@@ -381,9 +366,7 @@ def _test_namespace(names: dict, entry_point, channel: socket.socket, deadline: 
 
 
 def _main(role: str) -> None:
-    if role == "launch":
-        _launch()
-    elif role == "worker":
+    if role == "worker":
         _worker()
     elif role == "judge":
         try:
@@ -391,7 +374,7 @@ def _main(role: str) -> None:
         except BaseException:  # noqa: BLE001 -- any failure of the tests is a failing verdict
             os._exit(1)
     else:
-        raise SystemExit(f"unknown sandbox role {role!r}: expected launch, worker or judge")
+        raise SystemExit(f"unknown sandbox role {role!r}: expected worker or judge")
 
 
 if __name__ == "__main__":

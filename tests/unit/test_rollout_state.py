@@ -80,7 +80,8 @@ def text(content: str):
 
 
 PROMPT_RANGE = (
-    "prompt_index must be an integer in [0, 4] (the prompt groups the checkpoint's optimizer steps can train)"
+    "prompt_index must be an integer in [0, 4] (global_step 1 x at most 4 trained completions a step with this run's "
+    "batch settings, each completion of one group: resume with the checkpoint's batch settings if they differ)"
 )
 VERSION_RANGE = (
     "model_version must be an integer in [0, 2] (one cold sync, then at most one weight sync per optimizer step)"
@@ -154,7 +155,10 @@ def test_dispatch_versions_later_than_the_checkpoints_model_version_are_refused(
 def test_rollout_state_bounds_follow_the_steps_and_the_restarts():
     from trl_aspo.infra.local_worker import rollout_state_bounds
 
-    assert rollout_state_bounds(3, samples_per_step=8, drops_groups=False, republishes=True) == (24, 4)
-    assert rollout_state_bounds(3, samples_per_step=8, drops_groups=False, republishes=False) == (24, 7)
-    assert rollout_state_bounds(3, samples_per_step=8, drops_groups=True, republishes=True) == (None, 4)
-    assert rollout_state_bounds(None, samples_per_step=8, drops_groups=False, republishes=True) == (None, None)
+    def numbers(*args, **kwargs):
+        return tuple(rollout_state_bounds(*args, **kwargs)[:2])
+
+    assert numbers(3, samples_per_step=8, drops_groups=False, republishes=True) == (24, 4)
+    assert numbers(3, samples_per_step=8, drops_groups=False, republishes=False) == (24, 7)
+    assert numbers(3, samples_per_step=8, drops_groups=True, republishes=True) == (None, 4)
+    assert numbers(None, samples_per_step=8, drops_groups=False, republishes=True) == (None, None)

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import datasets
 import torch
@@ -63,11 +63,19 @@ def checkpoint_global_step(checkpoint: str) -> int | None:
     return require_int(state.get("global_step"), path, "global_step", low=0)
 
 
+class RolloutStateBounds(NamedTuple):
+    """The largest `prompt_index` and `model_version` a `rollout_state.json` can hold (None: no bound), and why."""
+
+    max_prompt_index: int | None
+    max_model_version: int | None
+    prompt_reason: str = ""
+    version_reason: str = ""
+
+
 def rollout_state_bounds(
     global_step: int | None, samples_per_step: int, drops_groups: bool, republishes: bool
-) -> tuple[int | None, int | None]:
-    """The largest `prompt_index` and `model_version` a `rollout_state.json` saved at `global_step` can hold (None:
-    no bound; where the step is unknown, neither is bounded).
+) -> RolloutStateBounds:
+    """What a `rollout_state.json` saved at `global_step` can hold (where the step is unknown, nothing is bounded).
 
     - `prompt_index` counts the prompt groups before the first untrained one, over all epochs (the worker starts at
       `prompt_index % rows`, so it may exceed the rows). A group counts once one of its completions is trained, and
@@ -78,27 +86,37 @@ def rollout_state_bounds(
       republishes the checkpoint's version (`republishes`: always for the local worker) mints none, and a checkpoint
       after a restart follows at least one more step, so it is at most `1 + global_step` (`1 + 2 * global_step`)."""
     if global_step is None:
-        return None, None
-    max_prompt_index = None if drops_groups else global_step * samples_per_step
-    return max_prompt_index, 1 + global_step * (1 if republishes else 2)
+        return RolloutStateBounds(None, None)
+    prompt_reason = (
+        f" (global_step {global_step} x at most {samples_per_step} trained completions a step with this run's batch "
+        "settings, each completion of one group: resume with the checkpoint's batch settings if they differ)"
+    )
+    restarts = "" if republishes else ", plus one cold sync per restart"
+    version_reason = f" (one cold sync, then at most one weight sync per optimizer step{restarts})"
+    return RolloutStateBounds(
+        None if drops_groups else global_step * samples_per_step,
+        1 + global_step * (1 if republishes else 2),
+        "" if drops_groups else prompt_reason,
+        version_reason,
+    )
 
 
-def read_rollout_state(path: str, max_prompt_index: int | None, max_model_version: int | None) -> dict[str, int]:
+def read_rollout_state(path: str, bounds: RolloutStateBounds) -> dict[str, int]:
     """`{"prompt_index": int, "model_version": int}` (the version optional: older files lack it) of a checkpoint's
-    `rollout_state.json`, each in `[0, max_*]` (`rollout_state_bounds`; None: no upper bound); `ValueError` naming
-    the file, the field, the value and the allowed range otherwise."""
+    `rollout_state.json`, each in `[0, bounds.max_*]` (`rollout_state_bounds`); `ValueError` naming the file, the
+    field, the value and the allowed range otherwise. Other fields are left to whoever wrote them (TRL reads the
+    same file for its own worker)."""
     state = require_object(read_json(path, max_bytes=ROLLOUT_STATE_MAX_BYTES), path)
-    unknown = sorted(set(state) - {"prompt_index", "model_version"})
-    if unknown:
-        raise ValueError(f"{path}: unknown fields {unknown}; a rollout state holds prompt_index and model_version.")
     if "prompt_index" not in state:
         raise ValueError(f"{path}: prompt_index is missing (the first untrained prompt group, an integer >= 0).")
-    why = "" if max_prompt_index is None else " (the prompt groups the checkpoint's optimizer steps can train)"
-    checked = {"prompt_index": require_int(state["prompt_index"], path, "prompt_index", 0, max_prompt_index, why)}
+    checked = {
+        "prompt_index": require_int(
+            state["prompt_index"], path, "prompt_index", 0, bounds.max_prompt_index, bounds.prompt_reason
+        )
+    }
     if "model_version" in state:
-        why = "" if max_model_version is None else " (one cold sync, then at most one weight sync per optimizer step)"
         checked["model_version"] = require_int(
-            state["model_version"], path, "model_version", 0, max_model_version, why
+            state["model_version"], path, "model_version", 0, bounds.max_model_version, bounds.version_reason
         )
     return checked
 
@@ -444,13 +462,13 @@ class LocalWorkerResumeMixin:
             args.token_budget if (getattr(args, "token_budget", None) or 0) > 0 else args.per_device_train_batch_size
         )
         local = isinstance(self.rollout_worker, LocalRolloutWorker)
-        max_prompt_index, max_model_version = rollout_state_bounds(
+        bounds = rollout_state_bounds(
             checkpoint_global_step(checkpoint),
             samples_per_step=per_row * args.gradient_accumulation_steps * self.accelerator.num_processes,
             drops_groups=bool(getattr(args, "filter_zero_variance_groups", False)),
             republishes=local,
         )
-        return read_rollout_state(state_file, max_prompt_index, max_model_version)
+        return read_rollout_state(state_file, bounds)
 
     def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
         self.rollout_worker._loop_kwargs["dataset_start_index"] = 0

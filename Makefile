@@ -5,12 +5,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-aspo-installed
+SHARDED_STAMP := $(VENV)/.trl-aspo-deepspeed-installed
 # The vLLM tier has its own environment: vLLM's CPU build pins torch and transformers for itself.
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install install-vllm quickstart quickstart-async smoke test test-fast test-vllm lint
+.PHONY: install install-vllm quickstart quickstart-async smoke test test-fast test-sharded test-vllm lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,15 @@ test: $(STAMP)
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
+
+# The sharded tier: FSDP2 and DeepSpeed ZeRO-2/3 on two CPU processes (gloo), both trainers (docs/many_gpus.md).
+# DeepSpeed (the `deepspeed` extra) runs on its CPU accelerator; the ZeRO tests fail rather than skip without it.
+$(SHARDED_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[dev,deepspeed]"
+	touch $(SHARDED_STAMP)
+
+test-sharded: $(SHARDED_STAMP)
+	DS_ACCELERATOR=cpu TRL_ASPO_REQUIRE_DEEPSPEED=1 $(BIN)/python -m pytest -q tests/sharded --durations=0
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .

@@ -297,9 +297,10 @@ def run_one(experiment: Experiment, variant: str, seed: int, label: str) -> dict
     trainer.save_state()
     heldout = None
     if experiment.evaluation is not None:
-        from trl_aspo.evaluation.report import generation_attention
+        from trl_aspo.evaluation.report import generation_model
 
-        with generation_attention(trainer.accelerator.unwrap_model(trainer.model)) as model:
+        # On every rank: a sharded model (FSDP2, ZeRO-3) generates only with all ranks taking part.
+        with generation_model(trainer) as model:
             heldout = evaluate_heldout(
                 experiment, (script_args, training_args, dataset_args), model, trainer.processing_class, seed
             )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 
 from trl.models.utils import unwrap_model_for_generation
 
@@ -60,6 +61,22 @@ def heldout_settings(args, samples_per_problem: int, temperature: float) -> dict
         "call_opener": args.tool_call_opener,
         "seed": args.seed,
     }
+
+
+@contextmanager
+def generation_model(trainer):
+    """The trainer's model ready for a held-out generation, entered on every rank, each then generating the same
+    completions (same prompts, greedy or seeded sampling).
+
+    Every rank must take part: under FSDP2 each forward of the sharded model all-gathers its layers' shards, and
+    under DeepSpeed ZeRO-3 TRL's `unwrap_model_for_generation` gathers the partitioned weights (as GRPOTrainer's own
+    generation does); both are collectives, which hang when the main process generates alone while the others wait
+    at a barrier. Under DDP it is the unwrapped module, with standard attention (`generation_attention`)."""
+    with (
+        unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped,
+        generation_attention(unwrapped) as model,
+    ):
+        yield model
 
 
 class BeforeAfterReport:
@@ -126,15 +143,9 @@ class BeforeAfterReport:
     def measure(self, label: str) -> None:
         """Evaluate the trainer's model now and keep the summary under `label`, on every rank.
 
-        Every rank generates the same completions (same prompts, greedy or seeded sampling): under FSDP2 each
-        forward all-gathers the layers' shards, and under DeepSpeed ZeRO-3 TRL's `unwrap_model_for_generation`
-        gathers the partitioned weights, both collectives that deadlock when the main process generates alone
-        while the other ranks wait at a barrier."""
+        Every rank generates (`generation_model`): the main process alone would deadlock a sharded model."""
         trainer = self.trainer
-        with (
-            unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as unwrapped,
-            generation_attention(unwrapped) as model,
-        ):
+        with generation_model(trainer) as model:
             summary = evaluate_tool_use(
                 model,
                 trainer.processing_class,

@@ -1,0 +1,83 @@
+"""Run by tests/sharded/test_sharded.py: one AsyncASPOTrainer run of the built-in tiny calculator model generating
+with the in-process `LocalRolloutWorker` (on the main process, as TRL's rollout worker), on one process (`python`)
+or under `accelerate launch` (FSDP2 on CPU processes), with tests/ and this folder on PYTHONPATH:
+
+    PYTHONPATH=tests:tests/sharded/workers python tests/sharded/workers/async_worker.py OUT LABEL JSON_OPTIONS
+
+JSON_OPTIONS: {"overrides": {AsyncASPOConfig fields}, "resume": checkpoint path or null}. `TRL_ASPO_CPU_SHARDING=1`
+applies `trl_aspo.infra.cpu_sharding.enable_cpu_sharding` first.
+
+Every rank writes to `OUT/LABEL-rank<k>.json`: the logged losses, the tracker and prompt-priority state, the full
+parameter sum (gathered from shards) when training begins (after a resume has loaded its checkpoint) and at the
+end, the tracker state when training begins, and the held-out evaluation after training (`BeforeAfterReport`)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import pathlib
+import sys
+
+# A hang (a collective some rank never joins) prints every thread's stack and ends the process.
+faulthandler.dump_traceback_later(int(os.environ.get("SHARDED_HANG_SECONDS", "240")), exit=True)
+if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
+    from trl_aspo.infra.cpu_sharding import enable_cpu_sharding
+
+    enable_cpu_sharding()
+
+from helpers import async_fields, calculator_tokenizer, digit_share_reward, trainer_with_local_worker  # noqa: E402
+from sharded_common import AtTrainBegin, full_parameter_sum  # noqa: E402
+
+from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer  # noqa: E402
+from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
+from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
+
+
+def run(out_dir: str, label: str, options: dict) -> None:
+    fields = async_fields(
+        pathlib.Path(out_dir),
+        output_dir=f"{out_dir}/{label}",
+        per_device_train_batch_size=4,
+        num_generations=1,
+        max_steps=3,
+        max_inflight_tasks=2,
+        max_completion_length=48,
+        seed=3,
+        loss_type="aspo",
+        tool_shaping=True,
+        tool_shaping_correct_threshold=0.05,
+        advantage_estimator="spo++",
+        prioritized_sampling=True,
+        save_strategy="steps",
+        save_steps=2,
+    )
+    fields.update(options.get("overrides", {}))
+    args = AsyncASPOConfig(**fields)
+    tokenizer = calculator_tokenizer()
+    dataset = make_dataset("train", 16, seed=0)
+    trainer = trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, [digit_share_reward])
+    at_begin = AtTrainBegin(lambda: trainer._scorer.tracker)
+    trainer.add_callback(at_begin)
+    report = BeforeAfterReport(trainer, make_dataset("test", 4, seed=1), [digit_share_reward], [calculator])
+    trainer.train(resume_from_checkpoint=options.get("resume"))
+    report.measure("after")
+    trainer.save_model(f"{out_dir}/{label}/final")
+    trainer.accelerator.wait_for_everyone()
+    record = {
+        "rank": trainer.accelerator.process_index,
+        "world": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "losses": [row["loss"] for row in trainer.state.log_history if "loss" in row],
+        "at_begin": at_begin.record,
+        "report": report.results,
+        "tracker": trainer._scorer.tracker.state_dict(),
+        "parameters_sum": full_parameter_sum(trainer.model_wrapped),
+    }
+    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
+        json.dump(record, handle)
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

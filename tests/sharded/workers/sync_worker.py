@@ -1,0 +1,119 @@
+"""Run by tests/sharded/test_sharded.py: one synchronous ASPOTrainer run of the built-in tiny calculator model, on
+one process (`python`) or under `accelerate launch` (DDP, FSDP2 or DeepSpeed ZeRO on CPU processes), with tests/ on
+PYTHONPATH (for `helpers`):
+
+    PYTHONPATH=tests python tests/sharded/workers/sync_worker.py OUT LABEL JSON_OPTIONS
+
+JSON_OPTIONS: {"overrides": {ASPOConfig fields}, "resume": checkpoint path or null}. `TRL_ASPO_CPU_SHARDING=1`
+applies `trl_aspo.infra.cpu_sharding.enable_cpu_sharding` first (accelerate shards only on accelerators).
+
+Every rank writes what it saw to `OUT/LABEL-rank<k>.json`: per-round gathered rewards and local advantages, the
+logged losses, tracker and sampler state, the full parameter sum (gathered from shards) when training begins and at
+the end, the before/after held-out evaluation (`BeforeAfterReport`) and the held-out rows logged during training
+(`HeldoutDuringTraining`); the model is saved under OUT/LABEL/final, which the test loads with `from_pretrained` in
+its own process (under ZeRO-3, `from_pretrained` inside one rank builds the model under `deepspeed.zero.Init`, a
+collective the other ranks never join)."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+
+# A hang (a collective some rank never joins) prints every thread's stack and ends the process.
+faulthandler.dump_traceback_later(int(os.environ.get("SHARDED_HANG_SECONDS", "240")), exit=True)
+if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
+    from trl_aspo.infra.cpu_sharding import enable_cpu_sharding
+
+    enable_cpu_sharding()
+
+from helpers import MODEL, calculator_tokenizer, digit_share_reward, tiny_run_fields  # noqa: E402
+from sharded_common import AtTrainBegin, full_parameter_sum, heldout_evaluator  # noqa: E402
+
+from trl_aspo import ASPOConfig, ASPOTrainer  # noqa: E402
+from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
+from trl_aspo.cli.callbacks import HeldoutDuringTraining  # noqa: E402
+from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
+
+
+def run(out_dir: str, label: str, options: dict) -> None:
+    fields = tiny_run_fields(
+        f"{out_dir}/{label}",
+        per_device_train_batch_size=4,
+        num_generations=1,
+        max_tool_calling_iterations=1,
+        max_completion_length=48,
+        max_steps=3,
+        seed=3,
+        top_k=1,
+        loss_type="aspo",
+        num_iterations=1,
+        tool_shaping=True,
+        tool_shaping_correct_threshold=0.05,
+        advantage_estimator="spo++",
+        prioritized_sampling=True,
+        value_init_samples=1,
+        log_weight_map=True,
+        save_strategy="steps",
+        save_steps=2,
+        save_only_model=False,
+    )
+    fields.update(options.get("overrides", {}))
+    args = ASPOConfig(**fields)
+    heldout = make_dataset("test", 4, seed=1)
+    # The checkpoint's path, not a loaded model: the trainer loads it under the launch's sharding (on rank 0 only
+    # with FSDP's `fsdp_cpu_ram_efficient_loading`, partitioned by `deepspeed.zero.Init` with ZeRO-3).
+    trainer = ASPOTrainer(
+        model=MODEL,
+        reward_funcs=[digit_share_reward],
+        args=args,
+        train_dataset=make_dataset("train", 16, seed=0),
+        processing_class=calculator_tokenizer(),
+        tools=[calculator],
+    )
+    curve = HeldoutDuringTraining(2, heldout_evaluator(heldout, [calculator], args))
+    trainer.add_callback(curve)
+    at_begin = AtTrainBegin(lambda: trainer._value_tracker)
+    trainer.add_callback(at_begin)
+    report = BeforeAfterReport(trainer, heldout, [digit_share_reward], [calculator])
+    rounds = []
+    generate = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = generate(inputs)
+        rounds.append(
+            {
+                "local_advantages": output["advantages"].tolist(),
+                "gathered_rewards": trainer._gathered_rewards_per_func[:, 0].tolist(),
+            }
+        )
+        return output
+
+    trainer._generate_and_score_completions = recording
+    report.measure_before()
+    trainer.train(resume_from_checkpoint=options.get("resume"))
+    report.measure("after")
+    final = f"{out_dir}/{label}/final"
+    trainer.save_model(final)
+    trainer.accelerator.wait_for_everyone()
+    record = {
+        "rank": trainer.accelerator.process_index,
+        "world": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "rounds": rounds,
+        "losses": [row["loss"] for row in trainer.state.log_history if "loss" in row],
+        "heldout_rows": [row for row in trainer.state.log_history if "heldout/accuracy" in row],
+        "report": report.results,
+        "tracker": trainer._value_tracker.state_dict(),
+        "sampler_weights": trainer._priority_sampler.weights.tolist(),
+        "at_begin": at_begin.record,
+        "parameters_sum": full_parameter_sum(trainer.model_wrapped),
+    }
+    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
+        json.dump(record, handle)
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    run(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

@@ -157,8 +157,7 @@ def _node_counts(root) -> tuple[int, int]:
     distinct node visited once; RecursionError for an alias inside its own anchor (a cycle)."""
     import yaml
 
-    seen: set[int] = set()
-    expanded: dict[int, int] = {}
+    expanded: dict[int, int] = {}  # id of a distinct node -> its size counting aliases as copies
     visiting: set[int] = set()
 
     def walk(node) -> int:
@@ -168,7 +167,6 @@ def _node_counts(root) -> tuple[int, int]:
         if key in visiting:
             raise RecursionError("an alias inside its own anchor")
         visiting.add(key)
-        seen.add(key)
         if isinstance(node, yaml.SequenceNode):
             children = node.value
         elif isinstance(node, yaml.MappingNode):
@@ -180,7 +178,7 @@ def _node_counts(root) -> tuple[int, int]:
         return expanded[key]
 
     total = walk(root)
-    return len(seen), total
+    return len(expanded), total
 
 
 # ------------------------------------------------------------------------------------------------- the field table

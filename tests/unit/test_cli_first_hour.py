@@ -305,6 +305,10 @@ def test_num_processes_on_a_cpu_launches_that_many_gloo_processes_or_says_why_no
             "needs tool_shaping=True (got tool_shaping=False). Remove tool_shaping_k or change tool_shaping.",
         ),
         (
+            ["train", "--config", SMOKE, "--aspo_dual_clip", "0.5"],
+            "trl-aspo train: ASPOConfig.aspo_dual_clip=0.5 is invalid: must lie in (1, 100].",
+        ),
+        (
             ["train", "--dataset_name", "builtin:calculator", "--reward_funcs", "builtin:correctness"],
             "trl-aspo train: model_name_or_path: not set (no --config); give a local model directory, a hub id or "
             "'builtin:tiny-calculator'",

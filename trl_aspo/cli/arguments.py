@@ -252,7 +252,28 @@ def build_field_table() -> dict[str, Any]:
                 )
         trainers[trainer] = fields
     dependencies = {trainer: dependency_table(config_classes(trainer)[1], trainers[trainer]) for trainer in TRAINERS}
-    return {"versions": installed_versions(), "trainers": trainers, "dependencies": dependencies}
+    bounds = {trainer: bound_table(config_classes(trainer)[1]) for trainer in TRAINERS}
+    return {"versions": installed_versions(), "trainers": trainers, "dependencies": dependencies, "bounds": bounds}
+
+
+def bound_table(config_class) -> dict[str, dict]:
+    """The declared range of each numeric field of `config_class` (`trl_aspo.config.fields.Bound`), as data
+    `bound_problems` reads without importing the config."""
+    from trl_aspo.config.fields import field_bounds, field_types
+
+    types = field_types(config_class)
+    return {
+        name: {
+            "config": config_class.__name__,
+            "low": bound.low,
+            "high": bound.high,
+            "low_open": bound.low_open,
+            "high_open": bound.high_open,
+            "shown": str(bound),
+            "optional": "None" in types.get(name, ()),
+        }
+        for name, bound in field_bounds(config_class).items()
+    }
 
 
 def dependency_table(config_class, fields: list[dict]) -> list[dict]:
@@ -665,7 +686,11 @@ def check_train_command_line(argv: list[str]) -> tuple[dict[str, Any], str, dict
             "`datasets`)"
         )
     problems += report_to_problems(values.get("report_to"))
-    problems += dependency_problems(values, fields, table.get("dependencies", {}).get(trainer, []))
+    out_of_range = bound_problems(values, table.get("bounds", {}).get(trainer, {}))
+    problems += out_of_range.values()
+    # An option out of its range is refused for that alone (the config checks ranges before dependencies).
+    unbounded = {name: value for name, value in values.items() if name not in out_of_range}
+    problems += dependency_problems(unbounded, fields, table.get("dependencies", {}).get(trainer, []))
     try:
         resolve_resume_checkpoint(values.get("resume_from_checkpoint"), output_dir(values))
     except ValueError as error:
@@ -705,6 +730,31 @@ def _installed(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a dotted name whose parent package is missing
         return False
+
+
+def bound_problems(values: dict[str, Any], bounds: dict[str, dict]) -> dict[str, str]:
+    """Field -> message for each number outside its field's declared range (`trl_aspo.config.fields.check_values`'
+    bound check, with its message), before torch loads; values that are not numbers are left to the config's type
+    check."""
+    problems = {}
+    for name, bound in bounds.items():
+        value = values.get(name)
+        items = value if isinstance(value, list) else [value]
+        if value is None or not all(isinstance(item, int | float) and not isinstance(item, bool) for item in items):
+            continue
+        if not all(_within(item, bound) for item in items):
+            each = " each" if isinstance(value, list) else ""
+            optional = " or be None" if bound["optional"] else ""
+            problems[name] = (
+                f"{bound['config']}.{name}={shown(value)} is invalid: must{each} lie in {bound['shown']}{optional}."
+            )
+    return problems
+
+
+def _within(value: float, bound: dict) -> bool:
+    above = value > bound["low"] if bound["low_open"] else value >= bound["low"]
+    below = value < bound["high"] if bound["high_open"] else value <= bound["high"]
+    return above and below
 
 
 def dependency_problems(values: dict[str, Any], fields: dict[str, dict], dependencies: list[dict]) -> list[str]:

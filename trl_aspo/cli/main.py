@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 LAUNCH_FLAGS = {
     "--num_processes": True,
@@ -121,7 +122,15 @@ def train(argv: list[str]) -> int:
         report("trl-aspo train", error)
     warning = existing_checkpoints_warning(values)
     if warning:
-        print(f"trl-aspo train: warning: {warning}", file=sys.stderr, flush=True)
+        # Wrapped: a terminal line, as the progress bar's, stays readable (a path can make the message long).
+        lines = textwrap.wrap(
+            f"trl-aspo train: warning: {warning}",
+            width=119,
+            subsequent_indent="  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        print("\n".join(lines), file=sys.stderr)
     if not launch:
         from trl_aspo.cli.train import main as train_main
 

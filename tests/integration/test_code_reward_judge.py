@@ -7,6 +7,7 @@ harness (where the forgeries scored 1.0 and the limits were per process)."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +235,30 @@ def test_memory_limit_holds_for_the_whole_program():
     two_of_100 = _program(source.replace("COUNT_AND_MIB", "2, 100"))
     tests = [["assert statuses == [0, 0, 0, 0]"], ["assert statuses == [0, 0]"]]
     assert code_unit_test_reward([four_of_300, two_of_100], tests, timeout=20.0, memory_limit_mb=512) == [0.0, 1.0]
+
+
+def test_a_module_the_solution_plants_is_never_imported_by_the_judge():
+    """A program that may write the interpreter's site-packages (as the trainer's user, or as root outside a user
+    namespace) plants a module that would forge the verdict from inside the judge; the judge imports nothing once
+    the worker exists, so the tests that would import it fail."""
+    import secrets
+    import sysconfig
+
+    name = f"aspo_planted_{secrets.token_hex(4)}"
+    planted = Path(sysconfig.get_paths()["purelib"]) / f"{name}.py"
+    forge = "import os, socket\nfor fd in range(3, 64):\n    try:\n"
+    forge += "        socket.socket(fileno=os.dup(fd)).send(b'pass\\n')\n"
+    forge += "    except OSError:\n        pass\nos._exit(0)\n"
+    source = f"""
+        import sysconfig
+        from pathlib import Path
+        try:
+            Path(sysconfig.get_paths()["purelib"], "{name}.py").write_text({forge!r})
+        except OSError:
+            pass
+    """
+    tests = [f"def later():\n    import {name}", "later()", "assert add(2, 3) == 5"]
+    try:
+        assert code_unit_test_reward([_program(source)], [tests], timeout=10.0) == [0.0]
+    finally:
+        planted.unlink(missing_ok=True)

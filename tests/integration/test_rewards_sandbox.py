@@ -3,7 +3,11 @@ execute programs in subprocesses)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import textwrap
@@ -253,16 +257,20 @@ def test_the_program_runs_in_a_fresh_directory_and_leaves_the_trainers_alone(tmp
     (trainer_dir / "checkpoint-1" / "model.safetensors").write_text("weights")
     monkeypatch.chdir(trainer_dir)
     record = shared_tmp / "sandbox_dir.txt"
-    source = f"""
+    source = """
         import os, shutil
         here = os.getcwd()
         found = os.listdir(".")
         shutil.rmtree("checkpoint-1", ignore_errors=True)
         open("scratch.txt", "w").write("x")
-        open({str(record)!r}, "w").write(here)
         listed = os.listdir(".")
     """
-    tests = ["assert found == []", f"assert here != {str(trainer_dir)!r}", "assert listed == ['scratch.txt']"]
+    tests = [
+        "assert found == []",
+        f"assert here != {str(trainer_dir)!r}",
+        "assert listed == ['scratch.txt']",
+        f"open({str(record)!r}, 'w').write(here)",  # by the tests: outside its directory the program writes nothing
+    ]
     assert code_unit_test_reward([_program(source)], [tests], timeout=5.0) == [1.0]
     assert (trainer_dir / "checkpoint-1" / "model.safetensors").read_text() == "weights"
     assert sorted(path.name for path in trainer_dir.iterdir()) == ["checkpoint-1"]
@@ -270,9 +278,38 @@ def test_the_program_runs_in_a_fresh_directory_and_leaves_the_trainers_alone(tmp
     assert sandbox_dir.name.startswith("aspo-unit-test-") and not sandbox_dir.exists()  # removed afterwards
 
 
-def _late_writer(late: Path, detach: bool) -> str:
-    """A program that starts a grandchild writing `late` after 1.5 s, then spins until its timeout."""
-    child = f"import os, time\n{'os.setsid()' if detach else ''}\ntime.sleep(1.5)\nopen({str(late)!r}, 'w').close()"
+def _survivors(token: str) -> list[int]:
+    """The processes whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _assert_none_survive(token: str) -> None:
+    """No process of `token` is left (killed ones may take a moment to go), and none is left running either way."""
+    deadline = time.monotonic() + 1.0
+    while _survivors(token) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = _survivors(token)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def _sleeper(detach: bool) -> tuple[str, str]:
+    """A grandchild that sleeps 30 s (found again by the token in its command line), and the token."""
+    token = f"aspo-sleeper-{secrets.token_hex(6)}"
+    return f"import os, time\n{'os.setsid()' if detach else ''}\ntime.sleep(30)  # {token}", token
+
+
+def _spinning_parent_of(child: str) -> str:
+    """A program that starts `child` then spins until its timeout."""
     return f"""
         import subprocess, sys
         subprocess.Popen([sys.executable, "-c", {child!r}])
@@ -282,34 +319,56 @@ def _late_writer(late: Path, detach: bool) -> str:
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["sandbox", "without-namespaces"])
-def test_grandchildren_are_killed_on_timeout(shared_tmp, monkeypatch, namespaces):
+def test_grandchildren_are_killed_on_timeout(monkeypatch, namespaces):
     if namespaces and not probes.sandbox_isolates_network():
         pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
-    late = shared_tmp / "late"
+    child, token = _sleeper(detach=False)
     started = time.monotonic()
-    assert code_unit_test_reward([_program(_late_writer(late, detach=False))], [["assert True"]], timeout=0.5) == [0.0]
+    assert code_unit_test_reward([_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5) == [0.0]
     assert time.monotonic() - started < 1.4  # back at the timeout, not when the grandchild ends
-    time.sleep(2.5)
-    assert not late.exists()  # the grandchild was killed with its parent
+    _assert_none_survive(token)  # the grandchild was killed with its parent
 
 
-def test_a_finished_program_leaves_no_process_behind(shared_tmp):
-    late = shared_tmp / "late"
-    child = f"import time\ntime.sleep(1.0)\nopen({str(late)!r}, 'w').close()"
+def test_a_finished_program_leaves_no_process_behind():
+    child, token = _sleeper(detach=False)
     source = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n{ADD}"
     assert code_unit_test_reward([_program(source)], [ADD_TESTS], timeout=5.0) == [1.0]
-    time.sleep(2.0)
-    assert not late.exists()
+    _assert_none_survive(token)
 
 
-def test_a_detached_grandchild_dies_with_the_sandbox(shared_tmp):
+def test_a_detached_grandchild_dies_with_the_sandbox():
     if not probes.sandbox_isolates_network():
         pytest.skip("without a PID namespace a process that calls setsid escapes (documented)")
-    late = shared_tmp / "late"
-    assert code_unit_test_reward([_program(_late_writer(late, detach=True))], [["assert True"]], timeout=0.5) == [0.0]
-    time.sleep(2.5)
-    assert not late.exists()
+    child, token = _sleeper(detach=True)
+    assert code_unit_test_reward([_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5) == [0.0]
+    _assert_none_survive(token)
+
+
+def test_the_program_writes_nothing_outside_its_directory(tmp_path, shared_tmp):
+    """Namespaces: every mount but the program's directory is read-only to it, and it holds no capability to change
+    that (issue 25: it could rewrite the interpreter's files, or its cgroup's limits, as the trainer's user)."""
+    if not probes.sandbox_isolates_network():
+        pytest.skip("without namespaces the program writes what its user may (documented)")
+    import sysconfig
+
+    targets = [shared_tmp / "x", Path(sysconfig.get_paths()["purelib"]) / f"aspo-{secrets.token_hex(4)}", "/dev/shm/x"]
+    source = f"""
+        import os, subprocess
+        wrote = []
+        for path in {[str(target) for target in targets]!r}:
+            try:
+                open(path, "w").close()
+                wrote.append(path)
+            except OSError:
+                pass
+        remounted = subprocess.run(["mount", "-o", "remount,rw", "/"], capture_output=True).returncode == 0
+    """
+    try:
+        assert code_unit_test_reward([_program(source)], [["assert wrote == [] and not remounted"]]) == [1.0]
+    finally:
+        for target in targets:
+            Path(target).unlink(missing_ok=True)
 
 
 def test_memory_bomb_is_stopped_by_the_address_space_limit():

@@ -19,22 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NOBODY = 65534
-# The program is uid 65534 inside its user namespace: without capabilities there, it cannot unmount the fresh /proc
-# to reveal the trainer's (which `--map-root-user` would allow).
-NAMESPACES = [
-    "unshare",
-    "--user",
-    f"--map-user={NOBODY}",
-    f"--map-group={NOBODY}",
-    "--net",
-    "--pid",
-    "--fork",
-    "--kill-child",
-    "--mount-proc",
-]
+# The worker starts as root of its own user namespace, makes every mount read-only but its directory and then
+# drops every capability for good (sandbox.py `_confine`): it cannot write files, unmount the fresh /proc to reveal
+# the trainer's processes, or remount.
+NAMESPACES = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 PIECES = ("namespaces", "cgroup", "user")
-# Exits 0 only where 127.0.0.1 is unreachable: in an empty network namespace.
-_NETWORK_PROBE = [sys.executable, "-I", "-c", "import socket; socket.socket().connect_ex(('127.0.0.1', 9)) or exit(1)"]
+# Read once at import: a program that rewrites the package's files cannot change what later runs execute.
+SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
+# Exits 0 only where the confinement works and 127.0.0.1 is unreachable (an empty network namespace).
+_NETWORK_PROBE = [sys.executable, "-I", "-c", SANDBOX_SOURCE, "probe"]
 _CONSEQUENCES = {
     "namespaces": "no network, PID and user namespace (`unshare` does not work here): the program can connect to the "
     "trainer's 127.0.0.1 sockets, sees every process on the machine, can signal those of its user, and a child "
@@ -45,8 +38,6 @@ _CONSEQUENCES = {
     "that user's processes outside a PID namespace",
 }
 _warned: list[str] = []
-# Read once at import: a program that rewrites the package's files cannot change what later runs execute.
-SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
 
 
 def sandbox_user() -> int | None:

@@ -214,7 +214,8 @@ def run_unit_tests(
         # ready (not dumpable): until then the worker runs nothing but this source, blocked on its stdin.
         feed, worker_stdin = _socket_pair(stack)
         command = [*(isolation.NAMESPACES if namespaces else []), sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE]
-        command = isolation.launch_command([*command, "worker"], cgroup.procs_files if cgroup else [], user)
+        role = ["worker", "confine"] if namespaces else ["worker"]
+        command = isolation.launch_command([*command, *role], cgroup.procs_files if cgroup else [], user)
         worker = _spawn(stack, command, worker_stdin, workdir, (channel_worker,))
         for end in (worker_stdin, channel_worker, channel_judge):
             end.close()

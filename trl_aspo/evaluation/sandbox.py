@@ -31,8 +31,12 @@ READY = b"ready\n"
 # Exceptions that, raised in the judge, end an iteration instead of failing: a solution that raises them must not
 # make `all(map(candidate, cases))` true.
 _NOT_RERAISED = frozenset({"StopIteration", "StopAsyncIteration", "GeneratorExit", "KeyboardInterrupt", "SystemExit"})
-# Standard modules the judge does not import on a solution's behalf (they open windows or print).
-_NOT_IMPORTED = frozenset({"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__hello__"})
+# Standard modules solutions import and MBPP-style tests use by the solution's name (`math.isclose`), imported by
+# the judge before the worker exists; a module of the solution reaches the tests only if the judge had it by then.
+_COMMON_MODULES = (
+    "bisect", "cmath", "collections", "copy", "datetime", "functools", "heapq", "itertools", "math", "operator",
+    "random", "re", "statistics", "string", "sys", "typing",
+)  # fmt: skip
 
 
 class CodecError(ValueError):
@@ -181,7 +185,65 @@ def _read_payload():
 # The worker (untrusted: everything after the solution started is in its hands) --------------------------------------
 
 
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
+_ST_TO_MS = {1: _MS_RDONLY, 2: _MS_NOSUID, 4: _MS_NODEV, 8: _MS_NOEXEC, 1024: _MS_NOATIME, 2048: _MS_NODIRATIME}
+_ST_TO_MS[4096] = _MS_RELATIME
+
+
+def _confine() -> list[str]:
+    """In the worker's own user and mount namespace, where it is root with every capability until this returns:
+    make every mount read-only except its working directory (a bind mount of its own), then give up every
+    capability for good (empty bounding set, no_new_privs, securebits that keep uid 0 from regaining any). The
+    solution then cannot write the interpreter's or the trainer's files, unmount the fresh /proc, or remount. Returns
+    the mount points it could not make read-only."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    work = os.getcwd().encode()
+    if libc.mount(work, work, None, _MS_BIND, None) != 0:
+        raise OSError(ctypes.get_errno(), "bind-mounting the working directory")
+    os.chdir(work)  # the old working directory is the one under the mount about to be read-only
+    left = []
+    with open("/proc/self/mounts") as mounts:
+        targets = [_unescape(line.split()[1]) for line in mounts]
+    for target in dict.fromkeys(targets):
+        if target == work.decode():
+            continue
+        try:
+            flags = os.statvfs(target).f_flag
+        except OSError:
+            continue
+        kept = sum(ms for st, ms in _ST_TO_MS.items() if flags & st)
+        if libc.mount(None, target.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None) != 0:
+            left.append(target)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    for capability in range(64):
+        libc.prctl(24, capability, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last one)
+    if libc.prctl(28, 0x2F, 0, 0, 0) != 0:  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS, all locked
+        raise OSError(ctypes.get_errno(), "setting securebits")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "dropping capabilities")
+    return left
+
+
+def _unescape(field: str) -> str:
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), field)
+
+
+def _probe() -> None:
+    """Exit 0 only when `_confine` works here and 127.0.0.1 is unreachable (an empty network namespace)."""
+    if _confine():
+        os._exit(1)
+    os._exit(0 if socket.socket().connect_ex(("127.0.0.1", 9)) else 1)
+
+
 def _worker() -> None:
+    if sys.argv[2:] == ["confine"]:
+        _confine()
     payload = _read_payload()
     channel = socket.socket(fileno=payload["channel_fd"])
     namespace = {"__name__": "__main__", "__builtins__": builtins}
@@ -303,20 +365,35 @@ def _not_dumpable() -> None:
 
 
 def _preimport(tree) -> None:
-    """Import the modules the tests import before the worker exists, so that a module file the worker rewrites later
-    is not what the tests run."""
+    """Import the modules the tests import (at any depth) and `_COMMON_MODULES`, then refuse every later import: the
+    worker may be able to write files the judge would read (a program that runs as the trainer's user), so nothing
+    is read from disk once it exists."""
     import ast
     import importlib
 
+    names = list(_COMMON_MODULES)
     for node in ast.walk(tree):
-        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names = [node.module]
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 -- the tests fail on their own import later, as they would
-                continue
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+            names.extend(f"{node.module}.{alias.name}" for alias in node.names)  # submodules (`from os import path`)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001, S112 -- not a module (a name in one), or missing: the tests fail as they would
+            continue
+    sys.meta_path.insert(0, _NoImports())
+
+
+class _NoImports:
+    """A finder that refuses every module not imported yet (ImportError naming it)."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        raise ImportError(
+            f"{name}: the judge imports nothing once the solution's process exists (docs/code_reward.md)"
+        )
 
 
 def _judge() -> None:
@@ -344,9 +421,8 @@ def _judge() -> None:
 
 def _test_namespace(names: dict, entry_point, channel: socket.socket, deadline: float) -> dict:
     """The globals the tests run in: the judge's own builtins, and each of the solution's top-level names that does
-    not shadow a builtin (except `entry_point`) as a proxy, a standard module of the judge's, or a decoded value."""
-    import importlib
-
+    not shadow a builtin (except `entry_point`) as a proxy, a standard module the judge imported already, or a
+    decoded value."""
     namespace = {}
     for name, described in names.items():
         if not (isinstance(name, str) and name.isidentifier() and not name.startswith("__")):
@@ -356,9 +432,9 @@ def _test_namespace(names: dict, entry_point, channel: socket.socket, deadline: 
         if described == ["function"]:
             namespace[name] = SolutionFunction(name, channel, deadline)
         elif isinstance(described, list) and len(described) == 2 and described[0] == "module":
-            module = described[1] if isinstance(described[1], str) else ""
-            if module.split(".")[0] in sys.stdlib_module_names and module.split(".")[0] not in _NOT_IMPORTED:
-                namespace[name] = importlib.import_module(module)
+            module = sys.modules.get(described[1]) if isinstance(described[1], str) else None
+            if module is not None and described[1].split(".")[0] in sys.stdlib_module_names:
+                namespace[name] = module
         elif isinstance(described, list) and len(described) == 2 and described[0] == "value":
             namespace[name] = decode(described[1])
     namespace.update({"__name__": "__main__", "__builtins__": builtins})
@@ -368,13 +444,15 @@ def _test_namespace(names: dict, entry_point, channel: socket.socket, deadline: 
 def _main(role: str) -> None:
     if role == "worker":
         _worker()
+    elif role == "probe":
+        _probe()
     elif role == "judge":
         try:
             _judge()
         except BaseException:  # noqa: BLE001 -- any failure of the tests is a failing verdict
             os._exit(1)
     else:
-        raise SystemExit(f"unknown sandbox role {role!r}: expected worker or judge")
+        raise SystemExit(f"unknown sandbox role {role!r}: expected worker, judge or probe")
 
 
 if __name__ == "__main__":

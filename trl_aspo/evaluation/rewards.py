@@ -74,17 +74,19 @@ def code_unit_test_reward(
     /dev/null being its socket to the judge, in a session of its own, under RLIMIT_AS `memory_limit_mb`, RLIMIT_CPU
     `timeout` + 1 s, RLIMIT_FSIZE `file_size_limit_mb`, RLIMIT_CORE 0 and RLIMIT_NOFILE 256. Where this machine
     gives them (probed once; `trl_aspo.evaluation.isolation`): a user, network, PID and mount namespace (no
-    network, not even the trainer's loopback; PID 1 of its own namespace with a fresh /proc it cannot unmount,
-    every process it started dying with it); a cgroup created per run holding the whole program to
-    `max_processes` processes and `memory_limit_mb` of memory (v2 `pids.max`/`memory.max`, or the v1 pids and
-    memory hierarchies), whose processes are all killed after the run; and, when the trainer is root, the user
-    `nobody`. Each missing piece is named in one RuntimeWarning per process: without namespaces the program can
-    reach the trainer's 127.0.0.1 sockets and see its processes, and a `setsid` child outlives the reward unless a
-    cgroup holds it; without a cgroup the limits are per process (RLIMIT_NPROC per user and not enforced for root,
-    RLIMIT_AS per process); as the trainer's own user it can write that user's files. `require_isolation=True`
-    refuses to run (RuntimeError) without namespaces; a list of "namespaces", "cgroup", "user" requires those.
-    Never isolated: the file system beyond the user's permissions, IPC and other kernel interfaces. Run untrusted
-    generations inside a container or VM as well. Program output is discarded unread."""
+    network, not even the trainer's loopback; PID 1 of its own namespace with a fresh /proc, every process it
+    started dying with it; every mount read-only but its directory, and no capability left to unmount or remount);
+    a cgroup created per run holding the whole program to `max_processes` processes and `memory_limit_mb` of memory
+    (v2 `pids.max`/`memory.max`, or the v1 pids and memory hierarchies), whose processes are all killed after the
+    run; and, when the trainer is root, the user `nobody`. Each missing piece is named in one RuntimeWarning per
+    process: without namespaces the program can reach the trainer's 127.0.0.1 sockets and see its processes, a
+    `setsid` child outlives the reward unless a cgroup holds it, and it writes what its user may; without a cgroup
+    the limits are per process (RLIMIT_NPROC per user and not enforced for root, RLIMIT_AS per process); as the
+    trainer's own user and without namespaces, it may ptrace or write the trainer's memory where the kernel allows
+    (yama ptrace_scope 0), against which nothing above holds. `require_isolation=True` refuses to run
+    (RuntimeError) without namespaces; a list of "namespaces", "cgroup", "user" requires those. Never isolated:
+    reading the files its user may read, IPC and other kernel interfaces. Run untrusted generations inside a
+    container or VM as well. Program output is discarded unread."""
     rows = _test_rows(tests)
     entry_points = _entry_points(entry_point, len(rows))
     for index, (code, entry) in enumerate(zip(rows, entry_points, strict=True)):

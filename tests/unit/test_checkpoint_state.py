@@ -67,8 +67,15 @@ def test_truncated_and_corrupt_files_are_refused_naming_the_file(tmp_path):
         load_checkpoint_state(str(tmp_path))
     document = tmp_path / STATE_JSON
     document.write_text(document.read_text()[:-7])
-    with pytest.raises(ValueError, match=rf"checkpoint state {document} cannot be read \(truncated or corrupt\?\)"):
+    with pytest.raises(
+        ValueError, match=rf"checkpoint state: {document} is not valid JSON \(truncated or corrupt\?\)"
+    ):
         load_checkpoint_state(str(tmp_path))
+    document.unlink()
+    document.symlink_to("/dev/zero")  # read without a bound, it would fill the memory
+    with pytest.raises(ValueError, match=rf"checkpoint state: {document} is a character device, not a regular file"):
+        load_checkpoint_state(str(tmp_path))
+    document.unlink()
     document.write_text("[]")
     with pytest.raises(ValueError, match=rf"checkpoint state {document} is not a trl-aspo state"):
         load_checkpoint_state(str(tmp_path))
@@ -76,6 +83,11 @@ def test_truncated_and_corrupt_files_are_refused_naming_the_file(tmp_path):
     os.remove(document)
     with pytest.raises(ValueError, match=rf"checkpoint state {tmp_path / LEGACY_STATE_FILE} cannot be read safely"):
         load_checkpoint_state(str(tmp_path))
+    (tmp_path / LEGACY_STATE_FILE).unlink()
+    (tmp_path / LEGACY_STATE_FILE).symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=rf"checkpoint state {tmp_path / LEGACY_STATE_FILE} is not a regular file"):
+        load_checkpoint_state(str(tmp_path))
+    (tmp_path / LEGACY_STATE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="holds no trl-aspo state"):
         load_checkpoint_state(str(tmp_path / "elsewhere"))
 

@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from trl_aspo.infra.json_files import read_json
 from trl_aspo.values.event_values import check_async_event_values_state
 from trl_aspo.values.tracker import check_event_tracker_state, check_visit_tracker_state
 
@@ -89,10 +90,11 @@ def save_checkpoint_state(checkpoint_dir: str, state: dict[str, Any]) -> None:
 
 
 def checkpoint_state_file(checkpoint_dir: str) -> str | None:
-    """The state file of `checkpoint_dir` (the JSON, or a legacy `aspo_state.pt`), or None if it has none."""
+    """The state file of `checkpoint_dir` (the JSON, or a legacy `aspo_state.pt`), or None if it has none. Anything
+    under the name counts (a link, a device), so that reading it says what it is instead of "no state"."""
     for name in (STATE_JSON, LEGACY_STATE_FILE):
         path = os.path.join(checkpoint_dir, name)
-        if os.path.isfile(path):
+        if os.path.lexists(path):
             return path
     return None
 
@@ -118,10 +120,9 @@ def _join(value: Any, tensors: dict[str, torch.Tensor], where: str, field: str =
 
 def _load_json_state(path: str) -> dict[str, Any]:
     try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"checkpoint state {path} cannot be read (truncated or corrupt?): {error}") from None
+        document = read_json(path)
+    except ValueError as error:
+        raise ValueError(f"checkpoint state: {error}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
         got = document.get("format") if isinstance(document, dict) else type(document).__name__
         raise ValueError(f"checkpoint state {path} is not a trl-aspo state of format {FORMAT_VERSION} (got {got!r}).")
@@ -141,6 +142,8 @@ def _load_json_state(path: str) -> dict[str, Any]:
 
 
 def _load_legacy_state(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):  # a link to a device would be read without end
+        raise ValueError(f"checkpoint state {path} is not a regular file: refusing to read it.")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as error:  # noqa: BLE001 -- any failure of the restricted unpickler means: not safely readable

@@ -34,9 +34,12 @@ _CONSEQUENCES = {
     "that calls setsid outlives the reward unless a cgroup holds it",
     "cgroup": "no cgroup ({reason}): max_processes is RLIMIT_NPROC (counted per user, not enforced for root) and "
     "memory_limit_mb is RLIMIT_AS per process, so several processes together can exceed it",
-    "user": "the program runs as the trainer's user (uid {uid}): it can write every file that user can and signal "
-    "that user's processes outside a PID namespace",
+    "user": "the program runs as the trainer's user (uid {uid}): it can read every file that user can{more}",
 }
+_USER_WITHOUT_NAMESPACES = (
+    ", write them, signal that user's processes, and ptrace or write the trainer's memory where "
+    "kernel.yama.ptrace_scope is 0 (then a failing solution can be made to pass)"
+)
 _warned: list[str] = []
 
 
@@ -275,7 +278,8 @@ def missing_isolation() -> dict[str, str]:
     if not isinstance(cgroup, CgroupParents):
         missing["cgroup"] = _CONSEQUENCES["cgroup"].format(reason=cgroup)
     if sandbox_user() is None:
-        missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid())
+        more = "" if sandbox_isolates_network() else _USER_WITHOUT_NAMESPACES
+        missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid(), more=more)
     return missing
 
 

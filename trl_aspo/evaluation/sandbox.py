@@ -1,10 +1,13 @@
 """The programs `code_unit_test_reward` runs (this source, by `python -I -c <source> <role>`), and their data codec.
 
-Two roles, one source (started by `code_unit_test_reward`: the worker through `unshare`, the run's cgroup and a
-change of user where this machine allows them, `trl_aspo.evaluation.isolation`):
+Roles, one source (started by `code_unit_test_reward`: the worker through `unshare`, the run's cgroup and a change
+of user where this machine allows them, `trl_aspo.evaluation.isolation`; docs/code_reward.md):
 
-- `worker` (untrusted): runs the solution, then answers calls. It holds no secret and decides nothing: it only
-  receives requests `{"call": name, "args": ..., "kwargs": ...}` on its one socket and answers with data.
+- `worker` (untrusted once the solution runs): in its namespaces it first makes the file system read-only but its
+  directory and drops every capability (`_confine`); then it runs the solution and answers calls. It holds no
+  secret and decides nothing: it only receives requests `{"call": name, "args": ..., "kwargs": ...}` on its one
+  socket and answers with data.
+- `probe`: whether `_confine` works here and the network is empty (the isolation probe).
 - `judge` (trusted): runs the row's tests, in which every solution name is a proxy that calls the worker across the
   socket. Arguments and results cross as data only (`encode`/`decode`: a tagged encoding of literals, never pickle),
   so no object of the solution ever exists in the judge: nothing the tests compare can be "equal to everything".

@@ -33,8 +33,18 @@ def test_accelerate_config_parses(name):
 
 
 def test_trl_aspo_train_forwards_the_accelerate_config(monkeypatch):
+    """The launch flags reach accelerate; the launched processes' resume command (TRL_ASPO_RELAUNCH) is set for the
+    launch only, so later runs in this interpreter print their own."""
+    import os
+
     launched = []
-    monkeypatch.setattr("accelerate.commands.launch.launch_command", launched.append)
+    monkeypatch.delenv("TRL_ASPO_RELAUNCH", raising=False)
+
+    def launch(args):
+        launched.append(args)
+        assert "--machine_rank" in os.environ["TRL_ASPO_RELAUNCH"]
+
+    monkeypatch.setattr("accelerate.commands.launch.launch_command", launch)
     argv = ["train", "--accelerate_config", "configs/accelerate/multi_node.yaml", "--machine_rank", "1"]
     argv += ["--main_process_ip", "10.1.2.3", "--config", "configs/smoke.yaml", "--seed", "4"]
     assert main(argv) == 0
@@ -43,3 +53,4 @@ def test_trl_aspo_train_forwards_the_accelerate_config(monkeypatch):
     assert (args.machine_rank, args.main_process_ip) == (1, "10.1.2.3")
     assert args.module and args.training_script == "trl_aspo.cli.train"
     assert args.training_script_args == ["--config", "configs/smoke.yaml", "--seed", "4"]
+    assert "TRL_ASPO_RELAUNCH" not in os.environ

@@ -6,6 +6,7 @@ tests/integration/test_reference_recipe_trainer.py)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,6 +81,6 @@ def test_recipes_skip_non_finite_steps_and_name_their_last_differences(path):
     """verl skips an optimizer step whose gradient norm is not finite (dp_actor.py); the recipe does too, and its
     comments name the differences TRL cannot express (issue 25, item 16)."""
     assert parse_recipe(path).skip_nonfinite_grad_steps is True
-    text = open(path).read()
+    text = Path(path).read_text()
     for difference in ("partial groups", "2,048 tokens", "std + 1e-4", "skip_nonfinite_grad_steps false"):
         assert difference in text, difference

@@ -143,9 +143,18 @@ def train(argv: list[str]) -> int:
     launch = cpu_launch(launch, values)
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    # The processes' resume command (printed on Ctrl-C) starts the run the way this one was started.
+    # The processes' resume command (printed on Ctrl-C) starts the run the way this one was started. accelerate
+    # hands its processes this process's environment; set only for the launch, so no later run in this
+    # interpreter inherits it.
+    previous = os.environ.get(RELAUNCH_ENV)
     os.environ[RELAUNCH_ENV] = json.dumps([*cli_command(), "train", *launch_words(argv)])
-    launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.cli.train", *script_args]))
+    try:
+        launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.cli.train", *script_args]))
+    finally:
+        if previous is None:
+            os.environ.pop(RELAUNCH_ENV, None)
+        else:
+            os.environ[RELAUNCH_ENV] = previous
     return 0
 
 

@@ -308,3 +308,19 @@ def test_heldout_tick_labels_are_distinct_on_a_narrow_range(tmp_path, saved_figu
     assert len({label for label, _ in ticks}) == len(ticks), ticks
     for label, value in ticks:
         assert label.endswith("%") and float(label[:-1]) == pytest.approx(100 * value)
+
+
+def test_a_cached_initial_evaluation_of_a_comparison_is_checked(tmp_path):
+    """`compare` reuses `initial_evaluation.json`: a truncated file or an accuracy outside [0, 1] is named."""
+    from trl_aspo.cli.compare import Evaluation, evaluate_initial
+
+    experiment = type("Experiment", (), {"evaluation": Evaluation(initial=True), "output_dir": tmp_path})()
+    cached = tmp_path / "initial_evaluation.json"
+    cached.write_text('{"accuracy": 0.25, "n": 8}')
+    assert evaluate_initial(experiment) == {"accuracy": 0.25, "n": 8}
+    cached.write_text('{"accuracy": 7.5}')
+    with pytest.raises(ValueError, match=r"initial_evaluation.json: .*accuracy.*\[0, 1\]"):
+        evaluate_initial(experiment)
+    cached.write_text('{"accuracy": 0.2')
+    with pytest.raises(ValueError, match=r"initial_evaluation.json"):
+        evaluate_initial(experiment)

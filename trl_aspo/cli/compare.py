@@ -359,7 +359,11 @@ def evaluate_initial(experiment: Experiment) -> dict | None:
         return None
     path = experiment.output_dir / "initial_evaluation.json"
     if path.exists():
-        return json.loads(path.read_text())
+        from trl_aspo.cli.run_files import evaluation_accuracy, read_object
+
+        summary = read_object(path)
+        evaluation_accuracy(summary, path, "the evaluation")
+        return summary
     import torch
 
     from trl_aspo.cli.evaluate import load_model_and_tokenizer

@@ -46,6 +46,8 @@ LAUNCHES = {
 }
 # The same 8 prompts per round on one process (8 x 1) or two (4 x 2).
 PER_DEVICE = {"single": 8}
+# Synchronous runs besides the SPO++ one: KL-adaptive rho, which needs SPO (per-visit forgetting).
+VARIANTS = {"": {}, "-kl": {"advantage_estimator": "spo", "value_rho_mode": "kl"}}
 
 pytestmark = pytest.mark.slow
 
@@ -98,14 +100,15 @@ def sync_run(out_dir):
     """`sync_run(launch, resume=False)`: the synchronous worker's records, each run launched once per module."""
 
     @functools.cache
-    def run(launch: str, resume: bool = False) -> list[dict]:
-        overrides = {"per_device_train_batch_size": PER_DEVICE.get(launch, 4)}
+    def run(launch: str, resume: bool = False, variant: str = "") -> list[dict]:
+        overrides = {"per_device_train_batch_size": PER_DEVICE.get(launch, 4), **VARIANTS[variant]}
+        label = f"{launch}{variant}"
         if not resume:
-            return _launch("sync_worker.py", out_dir, launch, launch, {"overrides": overrides})
-        run(launch)  # the continuous run saves the checkpoint
-        checkpoint = str(out_dir / launch / "checkpoint-2")
+            return _launch("sync_worker.py", out_dir, label, launch, {"overrides": overrides})
+        run(launch, variant=variant)  # the continuous run saves the checkpoint
+        checkpoint = str(out_dir / label / "checkpoint-2")
         return _launch(
-            "sync_worker.py", out_dir, f"{launch}-resume", launch, {"overrides": overrides, "resume": checkpoint}
+            "sync_worker.py", out_dir, f"{label}-resume", launch, {"overrides": overrides, "resume": checkpoint}
         )
 
     return run
@@ -263,3 +266,30 @@ def test_async_fsdp2_resume_loads_the_sharded_checkpoint(async_run, out_dir):
         assert math.isfinite(rank["losses"][-1]) and len(rank["losses"]) == 3
         assert rank["parameters_sum"] != rank["at_begin"]["parameters_sum"]
     assert resumed[0]["at_begin"]["tracker"] == saved["tracker"]
+
+
+def _leaves(value, path: str = "") -> dict[str, float]:
+    """Every number of a nested JSON value by its path (dict keys and list positions), for approximate comparison."""
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in _leaves(item, f"{path}/{key}").items()}
+    if isinstance(value, list):
+        return {k: v for index, item in enumerate(value) for k, v in _leaves(item, f"{path}/{index}").items()}
+    return {path: value}
+
+
+def test_sync_kl_adaptive_rho_under_fsdp2_matches_one_process(sync_run):
+    """SPO with KL-adaptive rho under FSDP2: each rank measures the drift of its own completions with the sharded
+    model; the gathered visits (completion ids, masks, post-update log-probs), the tracker they update (rho from
+    the drift), the rewards and the final parameters are the one process's, up to float32 rounding."""
+    single, sharded = sync_run("single", variant="-kl")[0], sync_run("fsdp2", variant="-kl")
+    assert [rank["distributed_type"] for rank in sharded] == [LAUNCHES["fsdp2"][2]] * 2
+    assert [rewards for rewards, _ in _round_view(sharded)] == [rewards for rewards, _ in _round_view([single])]
+    assert 4 <= len(single["visit_store"]) <= 16
+    expected_visits, expected_tracker = _leaves(single["visit_store"]), _leaves(single["tracker"])
+    for rank in sharded:
+        visits, tracker = _leaves(rank["visit_store"]), _leaves(rank["tracker"])
+        assert visits.keys() == expected_visits.keys() and tracker.keys() == expected_tracker.keys()
+        # Post-update log-probs of a model updated by sharded reductions: float32 rounding (up to 2e-5 seen).
+        assert list(visits.values()) == pytest.approx(list(expected_visits.values()), abs=1e-4)
+        assert list(tracker.values()) == pytest.approx(list(expected_tracker.values()), abs=1e-4)
+        assert rank["parameters_sum"] == pytest.approx(single["parameters_sum"], rel=1e-6)

@@ -8,10 +8,11 @@ parallelism. Without `cpu` on a machine with no accelerator, `_prepare_backend` 
 `DistributedType.NO` with `num_processes == 1` while DeepSpeed's own world has every process.
 
 `enable_cpu_sharding()` changes exactly one thing: after `AcceleratorState.__init__` has run (gloo process group
-up, `MULTI_CPU`), it applies accelerate's own GPU branch to the CPU state, that is, when `ACCELERATE_USE_FSDP=true`
-or an FSDP plugin was passed the state becomes `DistributedType.FSDP` with that plugin (mixed precision set on it
-as accelerate does), and when `ACCELERATE_USE_DEEPSPEED=true` or a DeepSpeed plugin was passed it becomes
-`DistributedType.DEEPSPEED` with that plugin selected (accelerate leaves mixed precision to DeepSpeed's config).
+up, `MULTI_CPU`), it applies accelerate's own GPU branch to the CPU state, that is, when the `Accelerator` passes an
+FSDP plugin (built from `accelerate launch`'s `ACCELERATE_USE_FSDP=true` and `FSDP_*` settings, or given) the state
+becomes `DistributedType.FSDP` with that plugin (mixed precision set on it as accelerate does), and when it passes a
+DeepSpeed plugin (`ACCELERATE_USE_DEEPSPEED=true`, or given) it becomes `DistributedType.DEEPSPEED` with that
+plugin selected (accelerate leaves mixed precision to DeepSpeed's config).
 Everything else (process group, ranks, device `cpu`) is what accelerate built. DeepSpeed additionally needs
 `DS_ACCELERATOR=cpu` in the environment before it is imported, so that it uses its CPU accelerator.
 
@@ -20,38 +21,44 @@ Call it once per process before the trainer (so before the first `Accelerator`) 
 
 from __future__ import annotations
 
-import os
-
 _PATCHED = "_trl_aspo_cpu_sharding"
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+_SHARDED_TYPE = "_trl_aspo_sharded_type"
 
 
 def shard_cpu_state(state, fsdp_plugin=None, deepspeed_plugin=None) -> None:
-    """Turn an initialized `MULTI_CPU` `AcceleratorState` into FSDP or DEEPSPEED (accelerate's GPU branch); any
-    other state is left as it is."""
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    """Turn an initialized `MULTI_CPU` `AcceleratorState` into FSDP or DEEPSPEED (accelerate's GPU branch) when the
+    `Accelerator` passed it a plugin (it builds one from `accelerate launch`'s `ACCELERATE_USE_FSDP` /
+    `ACCELERATE_USE_DEEPSPEED`); any other state, or one built without a plugin, is left as it is.
+
+    Every later `AcceleratorState()` (accelerate's `set_seed`, TRL, transformers) copies `PartialState`'s
+    `MULTI_CPU` back over the shared distributed type, so a state sharded once is given its sharded type again."""
+    from accelerate.utils import DistributedType
 
     if state.distributed_type != DistributedType.MULTI_CPU:
         return
-    if deepspeed_plugin is not None or _env_flag("ACCELERATE_USE_DEEPSPEED"):
-        plugins = deepspeed_plugin.values() if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
+    sharded = state.__dict__.get(_SHARDED_TYPE)
+    if sharded is not None:
+        state.distributed_type = sharded
+        return
+    if deepspeed_plugin is not None:
+        plugins = list(deepspeed_plugin.values()) if isinstance(deepspeed_plugin, dict) else [deepspeed_plugin]
         for plugin in plugins:
             plugin.set_mixed_precision(state._mixed_precision)
         # The first plugin passed is the active one (as in accelerate).
-        next(iter(plugins)).select(_from_accelerator_state=True)
+        plugins[0].select(_from_accelerator_state=True)
         state.deepspeed_plugins = deepspeed_plugin
-        state.distributed_type = DistributedType.DEEPSPEED
         state._mixed_precision = "no"
-        return
-    if fsdp_plugin is not None or _env_flag("ACCELERATE_USE_FSDP"):
-        fsdp_plugin = fsdp_plugin or FullyShardedDataParallelPlugin()
+        sharded = DistributedType.DEEPSPEED
+    elif fsdp_plugin is not None:
         if state._mixed_precision != "no":
             fsdp_plugin.set_mixed_precision(state._mixed_precision)
         state.fsdp_plugin = fsdp_plugin
-        state.distributed_type = DistributedType.FSDP
+        sharded = DistributedType.FSDP
+    else:
+        return
+    state.distributed_type = sharded
+    # In the shared state, so `AcceleratorState._reset_state()` forgets it with the rest.
+    state.__dict__[_SHARDED_TYPE] = sharded
 
 
 def enable_cpu_sharding() -> None:
@@ -65,7 +72,6 @@ def enable_cpu_sharding() -> None:
 
     def init(self, *args, deepspeed_plugin=None, fsdp_plugin=None, **kwargs):
         original(self, *args, deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, **kwargs)
-        # A state already sharded (a second Accelerator, a bare `AcceleratorState()`) is no longer MULTI_CPU.
         shard_cpu_state(self, fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin)
 
     setattr(init, _PATCHED, True)

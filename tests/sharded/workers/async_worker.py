@@ -77,6 +77,8 @@ def run(out_dir: str, label: str, options: dict) -> None:
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
     trainer.accelerator.wait_for_everyone()
+    # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

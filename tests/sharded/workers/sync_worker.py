@@ -107,12 +107,19 @@ def run(out_dir: str, label: str, options: dict) -> None:
         "report": report.results,
         "tracker": trainer._value_tracker.state_dict(),
         "sampler_weights": trainer._priority_sampler.weights.tolist(),
+        # KL-adaptive rho's stored visits (completion ids, action masks, post-update log-probs), gathered per round.
+        "visit_store": {
+            key: {name: tensor.tolist() for name, tensor in visit.items()}
+            for key, visit in trainer._visit_store.items()
+        },
         "at_begin": at_begin.record,
         "parameters_sum": full_parameter_sum(trainer.model_wrapped),
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
     trainer.accelerator.wait_for_everyone()
+    # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

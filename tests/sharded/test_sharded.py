@@ -15,7 +15,7 @@ with `from_pretrained`, and an exact resume from a checkpoint saved under shardi
 rollout worker runs threads whose timing decides which samples fill a step, so its runs are compared with
 themselves (ranks, checkpoint, saved model) and its evaluation with an unsharded evaluation of the saved model.
 
-Run by `make test-sharded` (about 6 minutes on 2 CPU cores); `make test` leaves this folder out."""
+Run by `make test-sharded` (about 3.5 minutes on 2 CPU cores); `make test` leaves this folder out."""
 
 from __future__ import annotations
 

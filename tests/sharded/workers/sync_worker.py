@@ -62,8 +62,8 @@ def run(out_dir: str, label: str, options: dict) -> None:
     fields.update(options.get("overrides", {}))
     args = ASPOConfig(**fields)
     heldout = make_dataset("test", 4, seed=1)
-    # The checkpoint's path, not a loaded model: the trainer loads it under the launch's sharding (on rank 0 only
-    # with FSDP's `fsdp_cpu_ram_efficient_loading`, partitioned by `deepspeed.zero.Init` with ZeRO-3).
+    # The checkpoint's path, not a loaded model: the trainer loads it under the launch (with ZeRO-3 partitioned at
+    # load by `deepspeed.zero.Init`, so a weight read outside the engine's gathering is an empty partition).
     trainer = ASPOTrainer(
         model=MODEL,
         reward_funcs=[digit_share_reward],

@@ -34,7 +34,7 @@ smoke: $(STAMP)
 # The whole suite (tests/unit and tests/integration): a line after each test file (its outcomes, seconds and the
 # count so far), and the 15 slowest tests at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 --file-progress
+	$(BIN)/python -m pytest -q --durations=15 --file-progress --ignore=tests/sharded
 
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)

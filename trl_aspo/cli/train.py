@@ -146,6 +146,20 @@ def main(argv: list[str] | None = None) -> None:
     run_until_interrupted(argv, parsed, functions)
 
 
+def sharded_launch_on_cpu(training_args) -> str | None:
+    """'FSDP' or 'DEEPSPEED' when `accelerate launch` asks for it (its `ACCELERATE_USE_*` environment, from an FSDP or
+    DeepSpeed accelerate config) and the run trains on CPU processes, where accelerate 1.15 alone drops the plugin
+    and trains plain data parallel; None otherwise."""
+    import torch
+
+    if not (training_args.use_cpu or not torch.cuda.is_available()):
+        return None
+    launched = [
+        name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"
+    ]
+    return launched[0] if launched else None
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
 
@@ -223,10 +237,20 @@ def run(
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
+    sharding = sharded_launch_on_cpu(training_args)
+    if sharding is not None:
+        from trl_aspo.infra.cpu_sharding import enable_cpu_sharding
+
+        enable_cpu_sharding()
     if script_args.trainer == "async":
         trainer = build_async_trainer(script_args, training_args, model_args, reward_funcs, tools, train_dataset)
     else:
         trainer = build_sync_trainer(training_args, model_args, reward_funcs, tools, train_dataset, test_dataset)
+    if sharding is not None:
+        trainer.accelerator.print(
+            f"Sharded on {trainer.accelerator.num_processes} CPU processes: {trainer.accelerator.distributed_type} "
+            "(trl_aspo.infra.cpu_sharding; accelerate alone would train plain data parallel on CPU)."
+        )
     if training_args.max_steps <= 0 or getattr(trainer, "epoch_stop_groups", None) is not None:
         trainer.accelerator.print(training_length_message(trainer, train_dataset))
     use_console_progress(trainer, callbacks)

@@ -58,13 +58,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(worker: str, out_dir: Path, label: str, launch: str, options: dict) -> list[dict]:
-    """Run `workers/<worker>` as `launch` (a key of LAUNCHES); the per-rank records it writes."""
-    config, shard, _ = LAUNCHES[launch]
+def _require_deepspeed(launch: str) -> None:
+    """A ZeRO launch needs DeepSpeed: skipped without it, failed under `make test-sharded`, which installs it."""
     if launch.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
         if os.environ.get("TRL_ASPO_REQUIRE_DEEPSPEED") == "1":
             pytest.fail("DeepSpeed is not installed: `make test-sharded` installs the pinned `deepspeed` extra")
         pytest.skip("DeepSpeed is not installed (`pip install -e .[deepspeed]`, or `make test-sharded`)")
+
+
+def _launch(worker: str, out_dir: Path, label: str, launch: str, options: dict) -> list[dict]:
+    """Run `workers/<worker>` as `launch` (a key of LAUNCHES); the per-rank records it writes."""
+    config, shard, _ = LAUNCHES[launch]
+    _require_deepspeed(launch)
     script = [str(WORKERS / worker), str(out_dir), label, json.dumps(options)]
     if config is None:
         command, processes = [sys.executable, *script], 1
@@ -301,10 +306,7 @@ def test_the_train_command_shards_on_cpu_processes(tmp_path, launch):
     the command turns the CPU sharding on by itself (accelerate alone would train plain data parallel and say
     nothing), says so, trains, and the saved model loads unsharded."""
     config, _, distributed_type = LAUNCHES[launch]
-    if launch.startswith("zero") and importlib.util.find_spec("deepspeed") is None:
-        if os.environ.get("TRL_ASPO_REQUIRE_DEEPSPEED") == "1":
-            pytest.fail("DeepSpeed is not installed: `make test-sharded` installs the pinned `deepspeed` extra")
-        pytest.skip("DeepSpeed is not installed (`pip install -e .[deepspeed]`, or `make test-sharded`)")
+    _require_deepspeed(launch)
     output_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "trl_aspo.cli.main", "train", "--accelerate_config", str(CONFIGS / config),

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import re
 import shlex
 import sys
@@ -382,11 +381,10 @@ def evaluate_initial(experiment: Experiment) -> dict | None:
 
 def write_json(path: Path, value: Any) -> None:
     from trl_aspo.cli.evaluate import json_ready
+    from trl_aspo.infra.json_files import write_json_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(json_ready(value), indent=1, default=str) + "\n")
-    os.replace(temporary, path)
+    write_json_atomic(path, json_ready(value), indent=1, default=str)
 
 
 def finished_summary(experiment: Experiment, variant: str, seed: int) -> dict | None:

@@ -98,19 +98,19 @@ def require_number(
 
 
 def _int_range(low: int | None, high: int | None) -> str:
-    if low is not None and high is not None:
-        return f"an integer in [{low}, {high}]"
-    if low is not None:
-        return f"an integer >= {low}"
-    return "an integer" if high is None else f"an integer <= {high}"
+    return _range("an integer", low, high, str)
 
 
 def _number_range(low: float | None, high: float | None) -> str:
+    return _range("a finite number", low, high, lambda bound: f"{bound:g}")
+
+
+def _range(kind: str, low, high, show) -> str:
     if low is not None and high is not None:
-        return f"a finite number in [{low:g}, {high:g}]"
+        return f"{kind} in [{show(low)}, {show(high)}]"
     if low is not None:
-        return f"a finite number >= {low:g}"
-    return "a finite number" if high is None else f"a finite number <= {high:g}"
+        return f"{kind} >= {show(low)}"
+    return kind if high is None else f"{kind} <= {show(high)}"
 
 
 def _short(value: Any) -> str:

@@ -17,7 +17,6 @@ first-dispatch versions (integers no later than the checkpoint's model version).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -27,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from trl_aspo.infra.json_files import read_json
+from trl_aspo.infra.json_files import read_json, write_json_atomic
 from trl_aspo.values.event_values import check_async_event_values_state
 from trl_aspo.values.tracker import check_event_tracker_state, check_visit_tracker_state
 
@@ -78,15 +77,7 @@ def save_checkpoint_state(checkpoint_dir: str, state: dict[str, Any]) -> None:
     document = {"format": FORMAT_VERSION, "state": _split(state, "", tensors)}
     if tensors:
         _atomic_write(os.path.join(checkpoint_dir, STATE_TENSORS), lambda path: save_file(tensors, path))
-    text = json.dumps(document)
-
-    def write_json(path: str) -> None:
-        with open(path, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    _atomic_write(os.path.join(checkpoint_dir, STATE_JSON), write_json)
+    write_json_atomic(os.path.join(checkpoint_dir, STATE_JSON), document)
 
 
 def checkpoint_state_file(checkpoint_dir: str) -> str | None:

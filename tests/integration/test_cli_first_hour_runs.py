@@ -16,13 +16,26 @@ from helpers import REPO_ROOT
 CLI = [sys.executable, "-m", "trl_aspo.cli.main"]
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
 # A reward that records which rank scored it (the file name), beside its module.
+# At exit it records whether the rank's process group was still alive: gloo left for interpreter exit aborts a
+# process now and then ("terminate called without an active exception"), failing a run that trained and saved.
 RANK_REWARD = """
+import atexit
 import os
+
+import torch.distributed
 
 
 def rank_reward(completions, **kwargs):
     open(os.path.join(os.path.dirname(__file__), "rank-" + os.environ.get("RANK", "unset")), "a").close()
     return [0.0] * len(completions)
+
+
+def record_group_at_exit():
+    state = "alive" if torch.distributed.is_initialized() else "destroyed"
+    open(os.path.join(os.path.dirname(__file__), f"exit-{os.environ.get('RANK', 'unset')}-group-{state}"), "a").close()
+
+
+atexit.register(record_group_at_exit)
 """
 
 
@@ -47,6 +60,10 @@ def test_num_processes_2_on_a_cpu_trains_in_two_processes(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert sorted(path.name for path in tmp_path.glob("rank-*")) == ["rank-0", "rank-1"]
+    assert sorted(path.name for path in tmp_path.glob("exit-*")) == [
+        "exit-0-group-destroyed",
+        "exit-1-group-destroyed",
+    ]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"]
 
 

@@ -75,8 +75,8 @@ def run(out_dir: str, label: str, overrides: dict) -> None:
     trainer.train()
     rank = trainer.accelerator.process_index
     torch.save({"gradients": gradients, "shares": shares}, f"{out_dir}/{label}-rank{rank}.pt")
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # gloo can abort a process at exit when its group is left alive
 
 
 if __name__ == "__main__":

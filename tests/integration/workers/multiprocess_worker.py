@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
 from helpers import digit_share_reward, tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
@@ -78,8 +77,8 @@ def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()  # gloo can abort a process at exit when its group is left alive
 
 
 if __name__ == "__main__":

@@ -304,7 +304,8 @@ def test_sync_kl_adaptive_rho_under_fsdp2_matches_one_process(sync_run):
 def test_the_train_command_shards_on_cpu_processes(tmp_path, launch):
     """`trl-aspo train --accelerate_config <fsdp2|zero3> --num_processes 2 ... --use_cpu true`, as a user types it:
     the command turns the CPU sharding on by itself (accelerate alone would train plain data parallel and say
-    nothing), says so, trains, and the saved model loads unsharded."""
+    nothing), says so, trains, evaluates before and after on every rank (`--evaluate_before_after`), and the saved
+    model loads unsharded."""
     config, _, distributed_type = LAUNCHES[launch]
     _require_deepspeed(launch)
     output_dir = tmp_path / "run"
@@ -312,9 +313,12 @@ def test_the_train_command_shards_on_cpu_processes(tmp_path, launch):
         sys.executable, "-m", "trl_aspo.cli.main", "train", "--accelerate_config", str(CONFIGS / config),
         "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
         "--config", "configs/smoke.yaml", "--use_cpu", "true", "--output_dir", str(output_dir),
+        "--evaluate_before_after", "true",
     ]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert f"Sharded on 2 CPU processes: {distributed_type}" in result.stdout + result.stderr
     assert math.isfinite(_saved_parameter_sum(output_dir))
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["before"]["num_problems"] == summary["after"]["num_problems"] == 8  # the smoke config's test split

@@ -232,6 +232,25 @@ def recording_scores(trainer) -> list:
     return samples
 
 
+def recording_rounds(trainer) -> list:
+    """Patches `trainer._generate_and_score_completions` to record, per generation round, the rank's advantages and
+    the gathered rewards of the first reward function (lists, for a worker's JSON); returns the (growing) list."""
+    rounds, generate = [], trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = generate(inputs)
+        rounds.append(
+            {
+                "local_advantages": output["advantages"].tolist(),
+                "gathered_rewards": trainer._gathered_rewards_per_func[:, 0].tolist(),
+            }
+        )
+        return output
+
+    trainer._generate_and_score_completions = recording
+    return rounds
+
+
 # --------------------------------------------------------------------------------- `trl-aspo compare` experiments
 BASE = """
 base:

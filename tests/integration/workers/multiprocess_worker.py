@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from helpers import digit_share_reward, tiny_run_fields
+from helpers import digit_share_reward, recording_rounds, tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import load_builtin
@@ -48,20 +48,7 @@ def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
         processing_class=tokenizer,
         tools=[calculator],
     )
-    rounds = []
-    generate = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = generate(inputs)
-        rounds.append(
-            {
-                "local_advantages": output["advantages"].tolist(),
-                "gathered_rewards": trainer._gathered_rewards_per_func[:, 0].tolist(),
-            }
-        )
-        return output
-
-    trainer._generate_and_score_completions = recording
+    rounds = recording_rounds(trainer)
     trainer.train()
     record = {
         "rank": trainer.accelerator.process_index,

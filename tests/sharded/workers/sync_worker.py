@@ -28,7 +28,7 @@ if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
 
     enable_cpu_sharding()
 
-from helpers import MODEL, calculator_tokenizer, digit_share_reward, tiny_run_fields  # noqa: E402
+from helpers import MODEL, calculator_tokenizer, digit_share_reward, recording_rounds, tiny_run_fields  # noqa: E402
 from sharded_common import AtTrainBegin, full_parameter_sum, heldout_evaluator  # noqa: E402
 
 from trl_aspo import ASPOConfig, ASPOTrainer  # noqa: E402
@@ -77,20 +77,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
     at_begin = AtTrainBegin(lambda: trainer._value_tracker)
     trainer.add_callback(at_begin)
     report = BeforeAfterReport(trainer, heldout, [digit_share_reward], [calculator])
-    rounds = []
-    generate = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = generate(inputs)
-        rounds.append(
-            {
-                "local_advantages": output["advantages"].tolist(),
-                "gathered_rewards": trainer._gathered_rewards_per_func[:, 0].tolist(),
-            }
-        )
-        return output
-
-    trainer._generate_and_score_completions = recording
+    rounds = recording_rounds(trainer)
     report.measure_before()
     trainer.train(resume_from_checkpoint=options.get("resume"))
     report.measure("after")

@@ -74,13 +74,15 @@ def test_without_namespaces_a_cgroup_still_kills_a_detached_grandchild(without_n
         pytest.skip(f"no cgroup on this machine: {found}")
     shared = Path(tempfile.mkdtemp(prefix="aspo-test-"))
     shared.chmod(0o777)  # writable by `nobody`
-    late = shared / "late"
-    child = f"import os, time\nos.setsid()\ntime.sleep(1.5)\nopen({str(late)!r}, 'w').close()"
-    source = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\nwhile True:\n    pass"
+    started, late = shared / "started", shared / "late"
+    # A shell, not `sys.executable`: run as `nobody` the program may not be able to start this machine's interpreter
+    # again (here it lies under /root/.pyenv), and a grandchild that never started would never write `late` either.
+    child = ["setsid", "/bin/sh", "-c", f"touch {started}; sleep 1.5; touch {late}"]
+    source = f"import subprocess\nsubprocess.Popen({child!r})\nwhile True:\n    pass"
     try:
         assert code_unit_test_reward([_program(source)], [["assert True"]], timeout=0.5) == [0.0]
         time.sleep(2.5)
-        assert not late.exists()
+        assert started.exists() and not late.exists()
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 

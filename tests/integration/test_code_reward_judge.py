@@ -67,17 +67,28 @@ OWN_MEMORY = (
     + 'spray(search("self", os.open("/", os.O_RDONLY | os.O_DIRECTORY)))'  # dir_fd: the audit hook saw no /proc
 )
 
-CHILD_READS_PARENT = (
-    "import os, re, subprocess, sys\n"
-    + _SPRAY
-    + "reader = "
+# A child that reads its parent's memory. Run as `nobody` (without namespaces) the program may not be able to start
+# the trainer's interpreter again (here it lies under /root/.pyenv): it takes the first one that starts.
+_START_READER = (
+    "reader = "
     + repr(
         "import os, re, sys\n"
         + _SEARCH
         + 'sys.stdout.write(" ".join(sorted(item.decode() for item in search(sys.argv[1], '
         'os.open("/", os.O_RDONLY | os.O_DIRECTORY)))))'
     )
-    + "\nout = subprocess.run([sys.executable, '-c', reader, str(os.getpid())], capture_output=True, text=True)"
+    + "\nfor interpreter in (sys.executable, '/usr/bin/python3'):"
+    + "\n    try:"
+    + "\n        out = subprocess.run([interpreter, '-c', reader, str(os.getpid())], capture_output=True, text=True)"
+    + "\n        break"
+    + "\n    except OSError:"
+    + "\n        out = None"
+)
+
+CHILD_READS_PARENT = (
+    "import os, re, subprocess, sys\n"
+    + _SPRAY
+    + _START_READER
     + "\nspray([item.encode() for item in out.stdout.split()])"
 )
 
@@ -118,6 +129,19 @@ def test_no_code_in_a_wrong_solution_makes_it_pass(forgery, namespaces, monkeypa
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
     programs = [_program(FORGERIES[forgery]), _program(ADD)]
     assert code_unit_test_reward(programs, [TESTS] * 2, timeout=10.0) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["sandbox", "without-namespaces"])
+def test_the_forgery_s_reader_child_really_runs(namespaces, monkeypatch):
+    """The child of "a child reads the harness's memory" starts and ends in both modes (a correct solution that
+    starts it scores 1.0), so that forgery's 0.0 is the judge's doing, not a child that never ran."""
+    if namespaces and not probes.sandbox_isolates_network():
+        pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
+    monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
+    source = (
+        "import os, re, subprocess, sys\n" + _START_READER + "\nreader_ran = out is not None and out.returncode == 0\n"
+    )
+    assert code_unit_test_reward([_program(source + ADD)], [[*TESTS, "assert reader_ran"]], timeout=10.0) == [1.0]
 
 
 def test_a_forgery_fails_in_the_humaneval_layout_too():

@@ -11,6 +11,7 @@ import signal
 import socket
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -302,20 +303,43 @@ def _assert_none_survive(token: str) -> None:
     assert left == []
 
 
-def _sleeper(detach: bool) -> tuple[str, str]:
-    """A grandchild that sleeps 30 s (found again by the token in its command line), and the token."""
+def _sleeper(detach: bool) -> tuple[list[str], str]:
+    """The command of a grandchild that sleeps 30 s (found again by the token in its command line), and the token.
+    A shell, not `sys.executable`: without namespaces the program runs as `nobody`, who may not be able to start
+    this machine's interpreter again (here it lies under /root/.pyenv), and then no grandchild would exist."""
     token = f"aspo-sleeper-{secrets.token_hex(6)}"
-    return f"import os, time\n{'os.setsid()' if detach else ''}\ntime.sleep(30)  # {token}", token
+    return [*(["setsid"] if detach else []), "/bin/sh", "-c", f"sleep 30; : {token}"], token
 
 
-def _spinning_parent_of(child: str) -> str:
+def _spinning_parent_of(child: list[str]) -> str:
     """A program that starts `child` then spins until its timeout."""
     return f"""
-        import subprocess, sys
-        subprocess.Popen([sys.executable, "-c", {child!r}])
+        import subprocess
+        subprocess.Popen({child!r})
         while True:
             pass
     """
+
+
+def _reward_while_watching(token: str, *args, **kwargs) -> tuple[list[float], bool]:
+    """`code_unit_test_reward(*args, **kwargs)`, and whether a process of `token` existed while it ran: a grandchild
+    that never started would pass every check that it was killed."""
+    seen, done = threading.Event(), threading.Event()
+
+    def watch():
+        while not done.is_set() and not seen.is_set():
+            if _survivors(token):
+                seen.set()
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        rewards_ = code_unit_test_reward(*args, **kwargs)
+    finally:
+        done.set()
+        watcher.join()
+    return rewards_, seen.is_set()
 
 
 @pytest.mark.parametrize("namespaces", [True, False], ids=["sandbox", "without-namespaces"])
@@ -325,15 +349,19 @@ def test_grandchildren_are_killed_on_timeout(monkeypatch, namespaces):
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
     child, token = _sleeper(detach=False)
     started = time.monotonic()
-    assert code_unit_test_reward([_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5) == [0.0]
-    assert time.monotonic() - started < 1.4  # back at the timeout, not when the grandchild ends
+    rewards_, ran = _reward_while_watching(
+        token, [_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5
+    )
+    assert rewards_ == [0.0] and ran
+    assert time.monotonic() - started < 10  # back at the timeout, not when the grandchild ends (30 s)
     _assert_none_survive(token)  # the grandchild was killed with its parent
 
 
 def test_a_finished_program_leaves_no_process_behind():
     child, token = _sleeper(detach=False)
-    source = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {child!r}])\n{ADD}"
-    assert code_unit_test_reward([_program(source)], [ADD_TESTS], timeout=5.0) == [1.0]
+    source = f"import subprocess, time\nsubprocess.Popen({child!r})\ntime.sleep(0.2)\n{ADD}"
+    rewards_, ran = _reward_while_watching(token, [_program(source)], [ADD_TESTS], timeout=5.0)
+    assert rewards_ == [1.0] and ran
     _assert_none_survive(token)
 
 
@@ -341,7 +369,10 @@ def test_a_detached_grandchild_dies_with_the_sandbox():
     if not probes.sandbox_isolates_network():
         pytest.skip("without a PID namespace a process that calls setsid escapes (documented)")
     child, token = _sleeper(detach=True)
-    assert code_unit_test_reward([_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5) == [0.0]
+    rewards_, ran = _reward_while_watching(
+        token, [_program(_spinning_parent_of(child))], [["assert True"]], timeout=0.5
+    )
+    assert rewards_ == [0.0] and ran
     _assert_none_survive(token)
 
 

@@ -15,8 +15,6 @@ Layers, each a package whose imports point down only (checked by tests/unit/test
 
 import warnings
 
-from trl_aspo import _moved
-
 __version__ = "0.1.0"
 __all__ = ["ASPOConfig", "ASPOTrainer", "AsyncASPOConfig", "AsyncASPOTrainer", "__version__"]
 
@@ -29,7 +27,6 @@ _LAZY = {
     "AsyncASPOTrainer": "trl_aspo.trainers.async_aspo_trainer",
 }
 
-_moved.install()
 # TRL 1.16 calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->
 # `activation_checkpointing`) whenever a config or trainer is built: three FutureWarnings a user cannot act on.
 warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)

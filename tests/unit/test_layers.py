@@ -57,7 +57,7 @@ def _layer(module: str) -> str | None:
 
 
 def test_every_module_lives_in_a_layer():
-    loose = [name for name in MODULES if _layer(name) is None and name not in ("trl_aspo", "trl_aspo._moved")]
+    loose = [name for name in MODULES if _layer(name) is None and name != "trl_aspo"]
     assert loose == []
 
 
@@ -108,32 +108,3 @@ def test_nothing_below_a_trainer_reads_its_privates():
     for module, path in MODULES.items():
         if _layer(module) not in ("trainers", None):
             assert not re.search(r"\btrainer\._[a-z]", path.read_text()), module
-
-
-def test_the_old_flat_paths_are_the_new_modules():
-    import trl_aspo.algorithms.losses
-    import trl_aspo.values.tracker
-
-    with pytest.warns(DeprecationWarning, match="trl_aspo.algorithms.losses"):
-        import trl_aspo.losses as old_losses  # noqa: F401
-    import trl_aspo.tracker as old_tracker
-
-    assert old_losses is trl_aspo.algorithms.losses and old_tracker is trl_aspo.values.tracker
-    assert trl_aspo.algorithms.losses.__spec__.name == "trl_aspo.algorithms.losses"
-
-
-def test_the_old_single_stream_path_keeps_its_scoring_names():
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from trl_aspo.single_stream import StepScorer, normalize_advantages, tool_shaping_bias, tracker_rewards
-
-    from trl_aspo.values import scoring, single_stream
-
-    assert (StepScorer, normalize_advantages, tool_shaping_bias) == (
-        scoring.StepScorer,
-        scoring.normalize_advantages,
-        scoring.tool_shaping_bias,
-    )
-    assert tracker_rewards is single_stream.tracker_rewards

@@ -1,5 +1,5 @@
-"""Checkpoint state in real runs: written before the checkpoint counts as complete, legacy pickles refused without
-running code, invalid values refused naming the file, and resumes that refuse or announce a changed configuration."""
+"""Checkpoint state in real runs: written before the checkpoint counts as complete, a pickle beside it never read,
+invalid values refused naming the file, and resumes that refuse or announce a changed configuration."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import pickle
 import shutil
 
 import pytest
-import torch
 from helpers import digit_share_reward
 
 from trl_aspo import ASPOConfig, ASPOTrainer
-from trl_aspo.trainers.checkpoint_state import LEGACY_STATE_FILE, STATE_JSON, load_checkpoint_state
+from trl_aspo.trainers.checkpoint_state import STATE_JSON, load_checkpoint_state
 
 
 def _mark_executed(path):
@@ -90,37 +89,6 @@ def _resume(tiny_tokenizer, calculator_dataset, run_dir, rows=8, **overrides) ->
 
 
 @pytest.mark.slow
-def test_crafted_legacy_state_is_refused_without_running_code(run_copy, tiny_tokenizer, calculator_dataset, tmp_path):
-    checkpoint = run_copy / "checkpoint-2"
-    os.remove(checkpoint / STATE_JSON)
-    marker = tmp_path / "executed"
-    with open(checkpoint / LEGACY_STATE_FILE, "wb") as handle:
-        pickle.dump({"value_event": 2, "aspo_kl_coef": 0.0, "tracker": _Payload(str(marker))}, handle, protocol=2)
-    with pytest.raises(ValueError, match=rf"{LEGACY_STATE_FILE} cannot be read safely"):
-        _resume(tiny_tokenizer, calculator_dataset, run_copy)
-    assert not marker.exists()
-
-
-@pytest.mark.slow
-def test_plain_legacy_state_still_resumes(run_copy, trained_run, tiny_tokenizer, calculator_dataset):
-    checkpoint = run_copy / "checkpoint-2"
-    state = load_checkpoint_state(str(checkpoint))
-    os.remove(checkpoint / STATE_JSON)
-    torch.save({key: state[key] for key in ("value_event", "aspo_kl_coef", "tracker")}, checkpoint / LEGACY_STATE_FILE)
-    resumed = _trainer(tiny_tokenizer, calculator_dataset.select(range(8)), run_copy, max_steps=3)
-    restored = {}
-    load = resumed._load_optimizer_and_scheduler
-
-    def recording_load(path):
-        load(path)
-        restored.update(tracker=resumed._value_tracker.state_dict(), event=resumed._value_event)
-
-    resumed._load_optimizer_and_scheduler = recording_load
-    resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert restored == {"tracker": trained_run[1], "event": 2}
-
-
-@pytest.mark.slow
 def test_state_exists_before_trainer_state_and_rotation(tiny_tokenizer, calculator_dataset, tmp_path, monkeypatch):
     import transformers.trainer as hf_trainer
     from transformers.trainer_callback import TrainerState
@@ -146,13 +114,20 @@ def test_state_exists_before_trainer_state_and_rotation(tiny_tokenizer, calculat
 
 
 @pytest.mark.slow
-def test_single_stream_resume_without_state_is_refused(run_copy, tiny_tokenizer, calculator_dataset):
-    os.remove(run_copy / "checkpoint-2" / STATE_JSON)
+def test_single_stream_resume_without_state_is_refused(run_copy, tiny_tokenizer, calculator_dataset, tmp_path):
+    """The JSON state replaced by an `aspo_state.pt` (the pickle of unreleased builds, here a crafted one): no state,
+    and the pickle never read."""
+    checkpoint = run_copy / "checkpoint-2"
+    os.remove(checkpoint / STATE_JSON)
+    marker = tmp_path / "executed"
+    with open(checkpoint / "aspo_state.pt", "wb") as handle:
+        pickle.dump({"value_event": 2, "aspo_kl_coef": 0.0, "tracker": _Payload(str(marker))}, handle, protocol=2)
     with pytest.raises(ValueError, match=r"holds no trl-aspo state .*ASPOConfig\.value_reset_on_resume=True"):
         _resume(tiny_tokenizer, calculator_dataset, run_copy)
     resumed = _resume(tiny_tokenizer, calculator_dataset, run_copy, value_reset_on_resume=True)
     # The fresh tracker saw only the one round after the resume.
     assert resumed._value_event == 1 and resumed._value_tracker.num_tracked == 8
+    assert not marker.exists()
 
 
 def _rewrite_json(checkpoint, change) -> str:

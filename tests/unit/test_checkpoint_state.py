@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from trl_aspo.trainers.checkpoint_state import (
-    LEGACY_STATE_FILE,
     STATE_JSON,
     STATE_TENSORS,
+    checkpoint_state_file,
     load_checkpoint_state,
     save_checkpoint_state,
 )
@@ -79,17 +79,16 @@ def test_truncated_and_corrupt_files_are_refused_naming_the_file(tmp_path):
     document.write_text("[]")
     with pytest.raises(ValueError, match=rf"checkpoint state {document} is not a trl-aspo state"):
         load_checkpoint_state(str(tmp_path))
-    (tmp_path / LEGACY_STATE_FILE).write_bytes(b"\x80\x02truncated")
-    os.remove(document)
-    with pytest.raises(ValueError, match=rf"checkpoint state {tmp_path / LEGACY_STATE_FILE} cannot be read safely"):
-        load_checkpoint_state(str(tmp_path))
-    (tmp_path / LEGACY_STATE_FILE).unlink()
-    (tmp_path / LEGACY_STATE_FILE).symlink_to("/dev/zero")
-    with pytest.raises(ValueError, match=rf"checkpoint state {tmp_path / LEGACY_STATE_FILE} is not a regular file"):
-        load_checkpoint_state(str(tmp_path))
-    (tmp_path / LEGACY_STATE_FILE).unlink()
     with pytest.raises(FileNotFoundError, match="holds no trl-aspo state"):
         load_checkpoint_state(str(tmp_path / "elsewhere"))
+
+
+def test_an_aspo_state_pt_alone_is_no_state(tmp_path):
+    """The pickle of unreleased builds is never opened: a folder holding only it has no state, like an empty one."""
+    (tmp_path / "aspo_state.pt").write_bytes(b"\x80\x02truncated")
+    assert checkpoint_state_file(str(tmp_path)) is None
+    with pytest.raises(FileNotFoundError, match=rf"^{tmp_path} holds no trl-aspo state \(aspo_state\.json\)\.$"):
+        load_checkpoint_state(str(tmp_path))
 
 
 # ---------------------------------------------------------------- issue 17 item 11: every tracker checked on load

@@ -8,7 +8,8 @@ stored as two files inside the checkpoint folder:
 
 Both are written to a temporary file first and moved into place with `os.replace`, the JSON last: a checkpoint has a
 state only once its JSON exists, and a reader never sees half a file. Reading validates the structure and names the
-file in every error. Nothing is unpickled: a legacy `aspo_state.pt` is read with `torch.load(weights_only=True)` only.
+file in every error. Nothing is unpickled; the `aspo_state.pt` pickle of unreleased builds is not read, so a checkpoint
+holding only that file has no state here.
 Every part a resume restores is checked on load with the rules its owner applies on the way in: the value tracker by
 its kind's check (`check_event_tracker_state`, `check_visit_tracker_state`, `check_async_event_values_state`), SPO's
 stored visits (token ids, masks, finite log-probs), the sampler's counters and the asynchronous trainer's
@@ -32,7 +33,6 @@ from trl_aspo.values.tracker import check_event_tracker_state, check_visit_track
 
 STATE_JSON = "aspo_state.json"
 STATE_TENSORS = "aspo_state.safetensors"
-LEGACY_STATE_FILE = "aspo_state.pt"
 FORMAT_VERSION = 1
 _TENSOR_MARKER = "__safetensors__"
 
@@ -81,13 +81,10 @@ def save_checkpoint_state(checkpoint_dir: str, state: dict[str, Any]) -> None:
 
 
 def checkpoint_state_file(checkpoint_dir: str) -> str | None:
-    """The state file of `checkpoint_dir` (the JSON, or a legacy `aspo_state.pt`), or None if it has none. Anything
-    under the name counts (a link, a device), so that reading it says what it is instead of "no state"."""
-    for name in (STATE_JSON, LEGACY_STATE_FILE):
-        path = os.path.join(checkpoint_dir, name)
-        if os.path.lexists(path):
-            return path
-    return None
+    """The state's JSON file in `checkpoint_dir`, or None if it has none. Anything under the name counts (a link, a
+    device), so that reading it says what it is instead of "no state"."""
+    path = os.path.join(checkpoint_dir, STATE_JSON)
+    return path if os.path.lexists(path) else None
 
 
 def _join(value: Any, tensors: dict[str, torch.Tensor], where: str, field: str = "") -> Any:
@@ -130,21 +127,6 @@ def _load_json_state(path: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise ValueError(f"checkpoint state {path} must hold an object, got {type(state).__name__}.")
     return state
-
-
-def _load_legacy_state(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):  # a link to a device would be read without end
-        raise ValueError(f"checkpoint state {path} is not a regular file: refusing to read it.")
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as error:  # noqa: BLE001 -- any failure of the restricted unpickler means: not safely readable
-        raise ValueError(
-            f"checkpoint state {path} cannot be read safely (only tensors and plain containers are accepted, nothing "
-            f"is unpickled): {error.__class__.__name__}: {error}"
-        ) from None
-    if not isinstance(state, dict):
-        raise ValueError(f"checkpoint state {path} must hold a dict, got {type(state).__name__}.")
-    return _join(state, {}, f"checkpoint state {path}")
 
 
 def _check_counters(state: dict[str, Any], path: str) -> None:
@@ -253,7 +235,7 @@ def load_checkpoint_state(checkpoint_dir: str) -> dict[str, Any]:
     path = checkpoint_state_file(checkpoint_dir)
     if path is None:
         raise FileNotFoundError(f"{checkpoint_dir} holds no trl-aspo state ({STATE_JSON}).")
-    state = _load_json_state(path) if path.endswith(".json") else _load_legacy_state(path)
+    state = _load_json_state(path)
     _check_counters(state, path)
     _check_tracker(state, path)
     _check_visit_store(state, path)

@@ -13,7 +13,6 @@ import torch
 from helpers import async_weight_map_config, calculator_tokenizer, trainer_with_local_worker
 
 from trl_aspo.algorithms.weight_map import WEIGHT_MAP_FILE
-from trl_aspo.config.async_config import ASYNC_LOSS_TYPES
 
 SIGNS = ("positive", "negative")
 
@@ -86,14 +85,14 @@ def _packed_inputs() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("loss_type", ASYNC_LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", ["ppo", "aspo"])
 def test_the_packed_loss_bins_every_trained_token_with_its_weight(tmp_path, tokenizer, loss_type):
     from trl_aspo import AsyncASPOTrainer
 
     trainer = _trainer(AsyncASPOTrainer, async_weight_map_config(tmp_path, loss_type), tokenizer)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train for each optimizer step
-    trainer._aspo_step_units = torch.tensor([5.0, 3.0])  # what get_batch_samples counts for aspo_aggregation
+    trainer._loss_step_units = torch.tensor([5.0, 3.0])  # what get_batch_samples counts for aspo_aggregation
 
     current = torch.tensor(CURRENT).log()[None].requires_grad_(True)
 

@@ -21,7 +21,7 @@ from trl_aspo.config import (
     aspo_field_types,
 )
 from trl_aspo.config import fields as fields_module
-from trl_aspo.config.aspo_config import ASPO_LOSS, FIELD_SECTIONS
+from trl_aspo.config.aspo_config import ASPO_LOSS, FIELD_SECTIONS, POLICY_LOSS
 from trl_aspo.config.async_config import ASYNC_INDEPENDENT_FIELDS, ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
 from trl_aspo.config.fields import ASYNC, SYNC, field_spec
 
@@ -60,9 +60,11 @@ def test_every_field_declares_its_help_section_and_a_bound_if_numeric(name):
 
 
 @pytest.mark.parametrize(("config_class", "trainer"), [(ASPOConfig, SYNC), (AsyncASPOConfig, ASYNC)])
-def test_loss_type_is_declared_with_the_aspo_loss_as_its_switch(config_class, trainer):
+def test_loss_type_is_declared_once_as_the_policy_loss_switch(config_class, trainer):
     declaration = field_spec(config_class.__dataclass_fields__["loss_type"])
-    assert declaration.section is ASPO_LOSS and declaration.switch
+    assert declaration.section is POLICY_LOSS and declaration.switch
+    # One declaration for both configs: the mixin's field, with the TRL trainer's default loss when left at None.
+    assert config_class.__dataclass_fields__["loss_type"] is ASPOFieldsMixin.__dataclass_fields__["loss_type"]
     dependencies = fields_module.config_dependencies(config_class, trainer)
     assert all(dependency.option != "loss_type" for dependency in dependencies)
 
@@ -77,7 +79,7 @@ def test_the_metadata_holds_only_what_hfargumentparser_hands_to_argparse():
 def test_choices_in_the_metadata_are_the_declared_ones():
     for name, config_field in BY_NAME.items():
         choices = spec(name).choices
-        if choices is None:
+        if choices is None or callable(choices):
             assert "choices" not in config_field.metadata
         else:
             assert config_field.metadata["choices"] == [*choices] + [None] * (config_field.default is None), name
@@ -115,7 +117,7 @@ def test_each_config_checks_the_section_rule_then_the_fields_own(config_class, t
 def test_the_other_tables_are_views_too():
     assert {"value_prior_strength": spec("value_prior_strength").derived} == DERIVED_DEFAULTS
     independent = {name: spec(name).independent for name in BY_NAME if isinstance(spec(name).independent, str)}
-    assert {"loss_type": "AsyncASPOConfig's loss switch", **independent} == INDEPENDENT_FIELDS
+    assert independent == INDEPENDENT_FIELDS
     assert {
         name: spec(name).independent[ASYNC] for name in BY_NAME if isinstance(spec(name).independent, dict)
     } == ASYNC_INDEPENDENT_FIELDS

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from trl_aspo.algorithms.advantage_checks import NonFiniteAdvantageError
-from trl_aspo.trainers.loss_assembly import AspoLossInputs, aspo_loss
+from trl_aspo.algorithms.policy_losses import get_policy_loss
+from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss
 from trl_aspo.values.scoring import AdvantageBatch, AdvantagePipeline, StepScorer
 
 
@@ -145,8 +146,9 @@ def test_aspo_loss_assembly_by_hand():
     lp = (lp_old + torch.log(ratio)).requires_grad_()
     lp_ref = torch.log(torch.tensor([[0.5, 0.5]], dtype=torch.float64))
     factor = torch.tensor([[1.0, 0.5]], dtype=torch.float64)
-    out = aspo_loss(
-        AspoLossInputs(
+    out = assembled_loss(
+        get_policy_loss("aspo"),
+        AssemblyInputs(
             lp, lp_old, torch.tensor([1.0]), torch.ones(1, 2), factor=factor, ref_log_probs=lp_ref, kl_coef=0.1
         ),
         loss_args(),
@@ -169,8 +171,9 @@ def test_aspo_loss_assembly_by_hand():
 def test_aspo_loss_sequence_aggregation_divides_after_the_mean():
     lp = torch.zeros(2, 2, dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
-    out = aspo_loss(
-        AspoLossInputs(lp, lp, torch.tensor([1.0, -2.0]), mask),
+    out = assembled_loss(
+        get_policy_loss("aspo"),
+        AssemblyInputs(lp, lp, torch.tensor([1.0, -2.0]), mask),
         loss_args(aspo_aggregation="sequence"),
         step=0,
         epsilon_low=0.2,

@@ -109,13 +109,14 @@ def test_vllm_correction_multiplies_the_asymmetric_term(vllm_server, tmp_path, m
     from helpers import digit_share_reward
     from transformers import AutoModelForCausalLM
 
-    import trl_aspo.trainers.loss_assembly as aspo_trainer
+    import trl_aspo.algorithms.aspo_policy_loss as aspo_registration
+    import trl_aspo.trainers.loss_assembly as loss_assembly
     from trl_aspo import ASPOConfig, ASPOTrainer
     from trl_aspo.builtin import load_tokenizer
     from trl_aspo.builtin.task import make_dataset
 
     calls = {"aspo": [], "aggregate": [], "inputs": []}
-    asymmetric_policy_loss, aggregate_loss = aspo_trainer.asymmetric_policy_loss, aspo_trainer.aggregate_loss
+    asymmetric_policy_loss, aggregate_loss = aspo_registration.asymmetric_policy_loss, loss_assembly.aggregate_loss
 
     def recording_aspo(per_token_logps, old_per_token_logps, advantages, **kwargs):
         per_token_loss, stats = asymmetric_policy_loss(per_token_logps, old_per_token_logps, advantages, **kwargs)
@@ -127,12 +128,12 @@ def test_vllm_correction_multiplies_the_asymmetric_term(vllm_server, tmp_path, m
         return aggregate_loss(per_token_loss, *args, **kwargs)
 
     class RecordingTrainer(ASPOTrainer):
-        def _compute_aspo_loss(self, model, inputs):
+        def _compute_registered_loss(self, model, inputs, policy_loss):
             calls["inputs"].append({key: value for key, value in inputs.items() if isinstance(value, torch.Tensor)})
-            return super()._compute_aspo_loss(model, inputs)
+            return super()._compute_registered_loss(model, inputs, policy_loss)
 
-    monkeypatch.setattr(aspo_trainer, "asymmetric_policy_loss", recording_aspo)
-    monkeypatch.setattr(aspo_trainer, "aggregate_loss", recording_aggregate)
+    monkeypatch.setattr(aspo_registration, "asymmetric_policy_loss", recording_aspo)
+    monkeypatch.setattr(loss_assembly, "aggregate_loss", recording_aggregate)
     fields = _fields(
         tmp_path,
         "corrected",

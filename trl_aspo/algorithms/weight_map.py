@@ -32,10 +32,9 @@ import torch
 
 WEIGHT_MAP_BINS = 10
 WEIGHT_MAP_FILE = "weight_map.json"
-# GRPOTrainer's losses whose coefficient `clipped_ratio_weight` computes, and trl-aspo's own (ASPOConfig). Both loss
-# types of AsyncASPOConfig have a weight: "ppo", AsyncGRPOTrainer's clipped surrogate without `delta`, and "aspo".
+# GRPOTrainer's losses whose coefficient `clipped_ratio_weight` computes; AsyncGRPOTrainer's "ppo" is the same clipped
+# surrogate without `delta`. A registered loss has a weight when its registration gives one (`PolicyLoss.weight`).
 CLIPPED_RATIO_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
-WEIGHT_MAP_LOSS_TYPES = (*CLIPPED_RATIO_LOSSES, "aspo")
 SIGNS = ("positive", "negative")
 
 

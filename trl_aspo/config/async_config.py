@@ -2,10 +2,11 @@
 `ASPOFieldsMixin` (trl_aspo/config/aspo_config.py) so both configs give every field the same name, meaning and
 validation.
 
-`AsyncGRPOConfig` has no `loss_type`; this config adds one: "ppo" (the default, TRL's fixed PPO clip on the
-generator's log-probs) or "aspo". Fields the asynchronous trainer does not act on yet are refused with a message
-naming them (their declarations say why: `ASYNC_UNSUPPORTED_FIELDS`). With every new field at its default, the
-configuration means exactly what the same `AsyncGRPOConfig` means.
+`AsyncGRPOConfig` has no `loss_type`; the shared field adds one: "ppo" (the default, TRL's fixed PPO clip on the
+generator's log-probs) or a registered loss ("aspo", or one registered with `register_policy_loss`). Fields the
+asynchronous trainer does not act on yet are refused with a message naming them (their declarations say why:
+`ASYNC_UNSUPPORTED_FIELDS`). With every new field at its default, the configuration means exactly what the same
+`AsyncGRPOConfig` means.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from trl_aspo.config.aspo_config import ASPO_LOSS, ASPOFieldsMixin
+from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
+from trl_aspo.config.aspo_config import ASPOFieldsMixin
 from trl_aspo.config.fields import ASYNC, check_dependencies, fields_docstring, independent_fields, unsupported_fields
-
-ASYNC_LOSS_TYPES = ("ppo", "aspo")
 
 # The fields the asynchronous trainer cannot honour yet (name -> why), from their declarations' `unsupported`.
 ASYNC_UNSUPPORTED_FIELDS = unsupported_fields(ASPOFieldsMixin, ASYNC)
@@ -30,8 +30,9 @@ ASYNC_INDEPENDENT_FIELDS = independent_fields(ASPOFieldsMixin, ASYNC)
 @dataclass
 class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     r"""
-    Configuration for [`AsyncASPOTrainer`]: every `trl.experimental.async_grpo.AsyncGRPOConfig` field, `loss_type`,
-    and the fields of [`ASPOConfig`] the asynchronous trainer acts on (same names, meanings and checks).
+    Configuration for [`AsyncASPOTrainer`]: every `trl.experimental.async_grpo.AsyncGRPOConfig` field, `loss_type`
+    ("ppo", TRL's, or a registered loss), and the fields of [`ASPOConfig`] the asynchronous trainer acts on (same
+    names, meanings and checks).
 
     The trainer scores samples itself, over the samples of one optimizer step (it needs `token_budget=0`, TRL's
     fixed-count batches, as soon as a field below changes the advantage): `advantage_estimator="spo"`/`"spo++"`
@@ -42,15 +43,7 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     """
 
     _trainer = ASYNC
-
-    loss_type: str = ASPO_LOSS.field(
-        "ppo",
-        help="Policy loss on the generator's log-probs: 'ppo' = TRL's fixed PPO clip with epsilon / "
-        "epsilon_high (AsyncGRPOTrainer's loss); 'aspo' = the asymmetric IS loss (flipped ratio for positive "
-        "advantages, soft dual clip).",
-        choices=ASYNC_LOSS_TYPES,
-        switch=True,
-    )
+    _default_loss_type = "ppo"
 
     def __post_init__(self):
         self._validate_aspo_fields()
@@ -59,9 +52,10 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
 
     @property
     def scores_on_trainer(self) -> bool:
-        """Whether the trainer scores (and filters) each optimizer step's samples itself."""
+        """Whether the trainer scores (and filters) each optimizer step's samples itself: unless the rollout worker's
+        own advantage (TRL's group z-score) is kept unchanged."""
         return (
-            self.advantage_estimator != "group"
+            not get_advantage_estimator(self.advantage_estimator).computed_by_trl
             or self.advantage_normalization != "group"
             or self.tool_shaping
             or self.filter_zero_variance_groups

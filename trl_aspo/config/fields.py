@@ -112,7 +112,7 @@ class Section:
         *,
         help: str,
         bound: Bound | None = None,
-        choices: tuple | None = None,
+        choices: tuple | Callable[[str | None], tuple] | None = None,
         depends: Needs | tuple[Needs, ...] = (),
         checks: Callable | tuple[Callable, ...] = (),
         derived: Callable[[Any], Any] | None = None,
@@ -122,18 +122,21 @@ class Section:
         switch: bool = False,
     ) -> Any:
         """A dataclass field with its declaration. `bound`: the range of a number (of each element of a list).
-        `choices`: the values allowed (None too when it is the default). `depends`: the switches it needs.
+        `choices`: the values allowed (None too when it is the default); a function of the trainer (SYNC, ASYNC or
+        None for both) for a set that grows at run time (the registered losses and estimators): read at each check,
+        and left out of the parser's metadata so a name registered after import is not refused by argparse.
+        `depends`: the switches it needs.
         `checks`: its rules between fields. `derived`: the value that replaces a default None in `__post_init__` (a
         dependency counts it as the default). `resume`: a resumed run compares it with the checkpoint's.
         `independent`: why it needs no switch (per trainer: a dict). `unsupported`: trainer -> why it is refused."""
         metadata = {"help": help}
-        if choices is not None:
+        if choices is not None and not callable(choices):
             metadata["choices"] = [*choices, None] if default is None else list(choices)
         config_field = dataclasses.field(default=default, metadata=metadata)
         _SPECS[config_field] = FieldSpec(
             section=self,
             bound=bound,
-            choices=None if choices is None else tuple(choices),
+            choices=choices if choices is None or callable(choices) else tuple(choices),
             depends=(depends,) if isinstance(depends, Needs) else tuple(depends),
             checks=(checks,) if callable(checks) else tuple(checks),
             derived=derived,
@@ -151,7 +154,7 @@ class FieldSpec:
 
     section: Section
     bound: Bound | None
-    choices: tuple | None
+    choices: tuple | Callable[[str | None], tuple] | None
     depends: tuple[Needs, ...]
     checks: tuple[Callable, ...]
     derived: Callable[[Any], Any] | None
@@ -159,6 +162,10 @@ class FieldSpec:
     independent: str | dict[str, str] | None
     unsupported: dict[str, str]
     switch: bool
+
+    def allowed_choices(self, trainer: str | None = None) -> tuple | None:
+        """The values `trainer`'s config allows now (a registry's names are read at each call)."""
+        return tuple(self.choices(trainer)) if callable(self.choices) else self.choices
 
     def dependencies(self, option: str, trainer: str | None) -> tuple[Dependency, ...]:
         """The dependencies of `option` (this field) in `trainer`'s config: its section's, then its own."""
@@ -337,8 +344,9 @@ def check_values(config, types: dict[str, list[str]]) -> None:
             _check_bound(config, config_field.name, spec.bound, types)
     for config_field, spec, checks in declared:
         value = getattr(config, config_field.name)
-        if spec.choices is not None and value not in spec.choices and not (value is None is config_field.default):
-            raise invalid(config, config_field.name, f"must be one of {spec.choices}")
+        choices = spec.allowed_choices(trainer)
+        if choices is not None and value not in choices and not (value is None is config_field.default):
+            raise invalid(config, config_field.name, f"must be one of {choices}")
         if spec.derived is not None and value is None:
             setattr(config, config_field.name, spec.derived(config))
         for check in checks:

@@ -1,13 +1,17 @@
-"""`ASPOTrainer`'s loss: `aspo_loss` (trl_aspo.trainers.loss_assembly, shared with AsyncASPOTrainer) inside
-GRPOTrainer's loss pipeline (its forward pass, masks, vLLM IS correction and KL), TRL's own loss with the weight map,
-and the adaptive KL coefficient (docs/asymmetric_loss.md)."""
+"""`ASPOTrainer`'s loss: a registered policy loss (`assembled_loss`, trl_aspo.trainers.loss_assembly, shared with
+AsyncASPOTrainer) inside GRPOTrainer's loss pipeline (its forward pass, masks, vLLM IS correction and KL), TRL's own
+loss with the weight map, and the adaptive KL coefficient (docs/asymmetric_loss.md)."""
 
 from __future__ import annotations
 
 import torch
 
-from trl_aspo.trainers.loss_assembly import AspoLossInputs, aspo_loss, log_aspo_token_metrics
+from trl_aspo.algorithms.policy_losses import PolicyLoss, get_policy_loss
+from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss, log_loss_metrics
 from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
+
+# Batch keys of a registered loss's per-sample draws (B-length tensors survive TRL's shuffling and splitting).
+DRAW_PREFIX = "policy_loss_draw_"
 
 # Keys of a TRL batch that `_get_per_token_logps_and_entropies` takes for multimodal models.
 _FORWARD_KEYS = (
@@ -32,15 +36,16 @@ def action_mask(inputs) -> torch.Tensor:
 
 class GRPOLossMixin(WeightMapMixin):
     """The loss methods of `ASPOTrainer` (a `GRPOTrainer`): `_compute_loss` (TRL picks its per-token term inline, so
-    the aspo branch replaces the method) and `_get_per_token_logps_and_entropies` (hands TRL's own loss's log-probs
+    a registered loss replaces the method) and `_get_per_token_logps_and_entropies` (hands TRL's own loss's log-probs
     to the weight map)."""
 
     # While TRL's own loss runs with log_weight_map: the current log-probs its forward pass computes.
     _weight_map_logps: list[torch.Tensor] | None = None
 
     def _compute_loss(self, model, inputs):
-        if self.loss_type == "aspo":
-            return self._compute_aspo_loss(model, inputs)
+        policy_loss = get_policy_loss(self.loss_type)
+        if policy_loss is not None:
+            return self._compute_registered_loss(model, inputs, policy_loss)
         if not self._collects_weight_map(inputs):
             return super()._compute_loss(model, inputs)
         # TRL's loss computes the current log-probs inline: `_get_per_token_logps_and_entropies` hands them out.
@@ -66,9 +71,10 @@ class GRPOLossMixin(WeightMapMixin):
         vLLM-corrected; TRL leaves them out on-policy, where r = 1 and every weight is 1)."""
         return self._weight_map is not None and self.model.training and inputs.get("old_per_token_logps") is not None
 
-    def _compute_aspo_loss(self, model, inputs):
-        """`aspo_loss` (shared with AsyncASPOTrainer) on TRL's forward pass, with TRL's masks, its vLLM IS correction
-        and its KL term, aggregated over one accumulation window as TRL's dapo (token) or grpo (sequence)."""
+    def _compute_registered_loss(self, model, inputs, policy_loss: PolicyLoss):
+        """`assembled_loss` (shared with AsyncASPOTrainer) on TRL's forward pass, with TRL's masks, its vLLM IS
+        correction and its KL term, aggregated over one accumulation window as TRL's dapo (token) or grpo
+        (sequence)."""
         mode = "train" if self.model.training else "eval"
         mask = action_mask(inputs)
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
@@ -104,14 +110,15 @@ class GRPOLossMixin(WeightMapMixin):
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             divisor = 1.0
-        out = aspo_loss(
-            AspoLossInputs(
+        out = assembled_loss(
+            policy_loss,
+            AssemblyInputs(
                 per_token_logps,
                 old_per_token_logps,
                 advantages,
                 mask,
-                entropies=entropies,
-                unflipped=inputs.get("aspo_unflipped"),
+                entropies=entropies.detach(),
+                draws={key[len(DRAW_PREFIX) :]: value for key, value in inputs.items() if key.startswith(DRAW_PREFIX)},
                 factor=factor,
                 ref_log_probs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
                 kl_coef=self._aspo_kl_coef,
@@ -124,20 +131,22 @@ class GRPOLossMixin(WeightMapMixin):
             divisor,
         )
         if self._collects_weight_map(inputs):
-            self._add_aspo_weight_map(old_per_token_logps, per_token_logps, advantages, mask, out.stats)
+            self._add_registered_weight_map(
+                policy_loss, old_per_token_logps, per_token_logps, advantages, mask, out.stats
+            )
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-        self._log_aspo_metrics(mode, out, entropies, mask)
+        self._log_loss_metrics(mode, policy_loss, out, entropies, mask)
         return loss
 
-    def _log_aspo_metrics(self, mode, out, entropies, mask) -> None:
-        """`aspo/*` as ratios over the logging window (`log_aspo_token_metrics`, shared); `entropy`, `kl` and
+    def _log_loss_metrics(self, mode, policy_loss, out, entropies, mask) -> None:
+        """The loss's metrics as ratios over the logging window (`log_loss_metrics`, shared); `entropy`, `kl` and
         `policy_loss` per micro-batch, as GRPOTrainer logs them."""
         sums = [(entropies.detach() * mask).sum(), out.aggregated]
         if out.per_token_kl is not None:
             sums.append((out.per_token_kl.detach() * mask).sum())
-        totals, tokens = log_aspo_token_metrics(self._metrics[mode], self.accelerator, out.stats, mask, *sums)
+        totals, tokens = log_loss_metrics(self._metrics[mode], self.accelerator, policy_loss, out.stats, mask, *sums)
         metrics = self._metrics[mode]
         metrics["entropy"].append(totals[0] / max(tokens, 1.0))
         metrics["policy_loss"].append(totals[1] / self.accelerator.num_processes)

@@ -7,13 +7,8 @@ import os
 
 import torch
 
-from trl_aspo.algorithms.weight_map import (
-    WEIGHT_MAP_FILE,
-    WeightMapLog,
-    aspo_weight,
-    clipped_ratio_weight,
-    weight_map_sums,
-)
+from trl_aspo.algorithms.policy_losses import PolicyLoss
+from trl_aspo.algorithms.weight_map import WEIGHT_MAP_FILE, WeightMapLog, clipped_ratio_weight, weight_map_sums
 
 
 class WeightMapMixin:
@@ -46,11 +41,11 @@ class WeightMapMixin:
         )
         self._add_weight_map(old_per_token_logps, per_token_logps, advantages, mask, weight)
 
-    def _add_aspo_weight_map(self, old_per_token_logps, per_token_logps, advantages, mask, stats) -> None:
-        """`_add_weight_map` with the weight of the aspo loss (`aspo_weight` of its `stats`)."""
-        args = self.args
-        dual_clip_neg = args.aspo_dual_clip if args.aspo_dual_clip_neg is None else args.aspo_dual_clip_neg
-        weight = aspo_weight(stats, advantages, dual_clip_neg)
+    def _add_registered_weight_map(
+        self, policy_loss: PolicyLoss, old_per_token_logps, per_token_logps, advantages, mask, stats
+    ) -> None:
+        """`_add_weight_map` with the weight a registered loss gives from its `stats` (`PolicyLoss.weight`)."""
+        weight = policy_loss.weight(stats, advantages, self.args)
         self._add_weight_map(old_per_token_logps, per_token_logps, advantages, mask, weight)
 
     def _log_weight_map(self) -> None:

@@ -444,7 +444,7 @@ def test_zero_variance_groups_are_dropped_before_they_fill_a_step(tmp_path, toke
 def resuming_async_grpo_trainer():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from trl_aspo.infra import LocalWorkerResumeMixin
+    from trl_aspo.trainers import LocalWorkerResumeMixin
 
     class ResumingAsyncGRPOTrainer(LocalWorkerResumeMixin, AsyncGRPOTrainer):
         pass

@@ -153,7 +153,7 @@ def test_dispatch_versions_later_than_the_checkpoints_model_version_are_refused(
 
 
 def test_rollout_state_bounds_follow_the_steps_and_the_restarts():
-    from trl_aspo.infra.local_worker import rollout_state_bounds
+    from trl_aspo.infra.rollout_state import rollout_state_bounds
 
     def numbers(*args, **kwargs):
         return tuple(rollout_state_bounds(*args, **kwargs)[:2])

@@ -1,8 +1,9 @@
 """CPU, no-network infrastructure for TRL's `AsyncGRPOTrainer` (trl.experimental.async_grpo).
 
 - `LocalRolloutWorker` + `LocalWeightTransfer`: TRL's rollout loop in-process, sampling on a CPU policy copy that the
-  trainer's weight syncs update, with optional seeded latency jitter (out-of-order, stale samples);
-  `LocalWorkerResumeMixin` resumes it at the first untrained prompt.
+  trainer's weight syncs update, with optional seeded latency jitter (out-of-order, stale samples); a trainer resumes
+  it with `trl_aspo.trainers.local_worker_resume.LocalWorkerResumeMixin`.
+- `trl_aspo.infra.rollout_state`: the resume file `rollout_state.json`, read and checked.
 - `varlen_attention` / `install_tree_attention_fallback`: the packed tree attention without the FA3 kernel.
 - `install_cpu_fallbacks()`: the attention kernel and FLOPs lookup only where TRL's originals cannot run.
 
@@ -16,7 +17,6 @@ import importlib
 _LAZY = {
     "LocalRolloutWorker": "trl_aspo.infra.local_worker",
     "LocalWeightTransfer": "trl_aspo.infra.local_worker",
-    "LocalWorkerResumeMixin": "trl_aspo.infra.local_worker",
     "install_cpu_fallbacks": "trl_aspo.infra.fallbacks",
     "install_tree_attention_fallback": "trl_aspo.infra.tree_attention",
     "load_named_tensors": "trl_aspo.infra.generation",

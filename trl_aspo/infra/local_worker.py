@@ -11,114 +11,33 @@ group was started at, as TRL stamps them.
 `LocalWeightTransfer` implements `WeightTransferProtocol` by copying the trainer's weights into that policy copy
 under the copy's lock, so no turn is sampled from half-updated weights.
 
-`LocalWorkerResumeMixin` (before `AsyncGRPOTrainer` in a trainer's bases; `AsyncASPOTrainer` has it) saves and
-restores the local worker's prompt position and model version with each checkpoint, as `AsyncGRPOTrainer` does for
-its own worker only; for either worker it counts a group as trained when its micro-batch is trained (not when the
-data loader fetches it, one micro-batch ahead) and resumes at the checkpoint's model version.
+A trainer resumes the worker at its first untrained prompt with `LocalWorkerResumeMixin`
+(trl_aspo.trainers.local_worker_resume).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import itertools
 import logging
-import os
 import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any
 
-import datasets
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
 from trl_aspo.infra.generation import load_named_tensors, sample_completion
-from trl_aspo.infra.json_files import read_json, require_int, require_object, write_json_atomic
 from trl_aspo.infra.model_paths import resolve_model_path
 
 logger = logging.getLogger(__name__)
-
-
-ROLLOUT_STATE_FILE = "rollout_state.json"
-# rollout_state.json holds two integers; anything near this size is not one.
-ROLLOUT_STATE_MAX_BYTES = 4096
-
-
-def checkpoint_global_step(checkpoint: str) -> int | None:
-    """`global_step` of the checkpoint's `trainer_state.json` (checked: an integer >= 0), None without the file."""
-    path = os.path.join(checkpoint, TRAINER_STATE_NAME)
-    if not os.path.exists(path):
-        return None
-    state = require_object(read_json(path), path)
-    return require_int(state.get("global_step"), path, "global_step", low=0)
-
-
-class RolloutStateBounds(NamedTuple):
-    """The largest `prompt_index` and `model_version` a `rollout_state.json` can hold (None: no bound), and why."""
-
-    max_prompt_index: int | None
-    max_model_version: int | None
-    prompt_reason: str = ""
-    version_reason: str = ""
-
-
-def rollout_state_bounds(
-    global_step: int | None, samples_per_step: int, drops_groups: bool, republishes: bool
-) -> RolloutStateBounds:
-    """What a `rollout_state.json` saved at `global_step` can hold (where the step is unknown, nothing is bounded).
-
-    - `prompt_index` counts the prompt groups before the first untrained one, over all epochs (the worker starts at
-      `prompt_index % rows`, so it may exceed the rows). A group counts once one of its completions is trained, and
-      a step trains at most `samples_per_step` completions, so it is at most `global_step * samples_per_step`, unless
-      groups are consumed untrained (`drops_groups`: `filter_zero_variance_groups` drops whole groups, any number a
-      step), which leaves it unbounded.
-    - `model_version` counts weight syncs: at most one a step, plus the cold sync at each (re)start; a resume that
-      republishes the checkpoint's version (`republishes`: always for the local worker) mints none, and a checkpoint
-      after a restart follows at least one more step, so it is at most `1 + global_step` (`1 + 2 * global_step`)."""
-    if global_step is None:
-        return RolloutStateBounds(None, None)
-    prompt_reason = (
-        f" (global_step {global_step} x at most {samples_per_step} trained completions a step with this run's batch "
-        "settings, each completion of one group: resume with the checkpoint's batch settings if they differ)"
-    )
-    restarts = "" if republishes else ", plus one cold sync per restart"
-    version_reason = f" (one cold sync, then at most one weight sync per optimizer step{restarts})"
-    return RolloutStateBounds(
-        None if drops_groups else global_step * samples_per_step,
-        1 + global_step * (1 if republishes else 2),
-        "" if drops_groups else prompt_reason,
-        version_reason,
-    )
-
-
-def read_rollout_state(path: str, bounds: RolloutStateBounds) -> dict[str, int]:
-    """`{"prompt_index": int, "model_version": int}` (the version optional: older files lack it) of a checkpoint's
-    `rollout_state.json`, each in `[0, bounds.max_*]` (`rollout_state_bounds`); `ValueError` naming the file, the
-    field, the value and the allowed range otherwise. Other fields are left to whoever wrote them (TRL reads the
-    same file for its own worker)."""
-    state = require_object(read_json(path, max_bytes=ROLLOUT_STATE_MAX_BYTES), path)
-    if "prompt_index" not in state:
-        raise ValueError(f"{path}: prompt_index is missing (the first untrained prompt group, an integer >= 0).")
-    checked = {
-        "prompt_index": require_int(
-            state["prompt_index"], path, "prompt_index", 0, bounds.max_prompt_index, bounds.prompt_reason
-        )
-    }
-    if "model_version" in state:
-        checked["model_version"] = require_int(
-            state["model_version"], path, "model_version", 0, bounds.max_model_version, bounds.version_reason
-        )
-    return checked
 
 
 class SharedValue:
@@ -194,8 +113,8 @@ class LocalRolloutWorker:
     """`RolloutWorkerProtocol` for `AsyncGRPOTrainer`: TRL's rollout loop on a thread, sampling on a CPU policy copy.
 
     Like TRL's `AsyncRolloutWorker`, it builds its loop (`_loop_cls`) from `_loop_kwargs` when it starts, and the
-    loop begins at `_loop_kwargs["dataset_start_index"]`: `LocalWorkerResumeMixin` sets it on resume from the
-    checkpoint's `rollout_state.json`, as `AsyncGRPOTrainer` does for its own worker (and for no other).
+    loop begins at `_loop_kwargs["dataset_start_index"]`: a trainer with `LocalWorkerResumeMixin` sets it on resume
+    from the checkpoint's `rollout_state.json`, as `AsyncGRPOTrainer` does for its own worker (and for no other).
 
     Args:
         model: the path `AsyncGRPOTrainer` loads its policy from (or `builtin:tiny-calculator`); the copy is loaded
@@ -367,122 +286,3 @@ class LocalWeightTransfer:
 
     def destroy(self) -> None:
         """Nothing to release."""
-
-
-class _CollatedGroups:
-    """Stands in for the trained-group set TRL's collator updates: keeps each micro-batch's groups, in order, until
-    that micro-batch is trained."""
-
-    def __init__(self):
-        self.pending: collections.deque[set[int]] = collections.deque()
-
-    def update(self, groups) -> None:
-        self.pending.append(set(groups))
-
-
-class LocalWorkerResumeMixin:
-    """For a subclass of `AsyncGRPOTrainer` (listed before it): checkpoints record the `LocalRolloutWorker`'s first
-    untrained prompt and the model version (`rollout_state.json`), and a resumed run restarts the worker there.
-
-    `AsyncGRPOTrainer` does exactly this in `_save_checkpoint` / `_inner_training_loop`, but only for an instance of
-    its own worker class, so these two methods add the same for the local worker. With another worker they only call
-    TRL's. For every worker, two things make a resumed run continue as the uninterrupted one:
-
-    - TRL's collator marks a micro-batch's groups trained when the data loader fetches it, which is one micro-batch
-      ahead of training, so a checkpoint's first untrained prompt would skip the fetched, untrained step. Here the
-      groups join `_trained_groups` when their micro-batch is trained (`training_step`).
-    - The cold weight sync at train begin counts a version; on resume it republishes the checkpoint's weights, so
-      it restores the checkpoint's version instead of minting a new one (not with TRL's adapter-only sync, whose
-      adapter names must not be reused on a running server)."""
-
-    def get_train_dataloader(self):
-        trained, self._trained_groups = self._trained_groups, _CollatedGroups()
-        try:
-            dataloader = super().get_train_dataloader()
-        finally:
-            self._collated_groups, self._trained_groups = self._trained_groups, trained
-        return dataloader
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        output = super().training_step(model, inputs, num_items_in_batch)
-        collated = getattr(self, "_collated_groups", None)
-        if collated is not None and collated.pending:
-            self._trained_groups.update(collated.pending.popleft())
-        return output
-
-    def _sync_weight(self):
-        if getattr(self, "_republish_checkpoint_version", False):
-            self._republish_checkpoint_version = False
-            if self.accelerator.is_main_process:
-                self.model_version -= 1
-        super()._sync_weight()
-
-    def _save_checkpoint(self, model, trial):
-        if self.accelerator.is_main_process and isinstance(self.rollout_worker, LocalRolloutWorker):
-            checkpoint_dir = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            first_untrained = next(group for group in itertools.count() if group not in self._trained_groups)
-            prompt_index = self.rollout_worker._loop_kwargs["dataset_start_index"] + first_untrained
-            state = {"prompt_index": prompt_index, "model_version": self.model_version}
-            write_json_atomic(os.path.join(checkpoint_dir, ROLLOUT_STATE_FILE), state)
-        super()._save_checkpoint(model, trial)
-
-    def _inner_training_loop(self, *args, **kwargs):
-        # Before TRL's train-begin callback starts the worker, which builds its loop from `_loop_kwargs`.
-        checkpoint = kwargs.get("resume_from_checkpoint")
-        if isinstance(self.rollout_worker, LocalRolloutWorker):
-            self._restore_local_prompt_position(checkpoint)
-        self._republish_checkpoint_version = self._resumes_a_model_version(checkpoint)
-        return super()._inner_training_loop(*args, **kwargs)
-
-    def _resumes_a_model_version(self, checkpoint: str | None) -> bool:
-        """Whether this run resumes the worker at the checkpoint's model version (>= 1), which the cold sync then
-        republishes: the rules by which TRL and `_restore_local_prompt_position` read `rollout_state.json`."""
-        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
-
-        if checkpoint is None or getattr(self, "_lora_sync", False):
-            return False
-        if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
-            return False
-        state = self._read_rollout_state(checkpoint)
-        return state is not None and state.get("model_version", 0) > 0
-
-    def _read_rollout_state(self, checkpoint: str) -> dict | None:
-        """The checkpoint's `rollout_state.json`, checked (`read_rollout_state`) against the bounds of this run and
-        of the checkpoint's `global_step`; None when there is none or the dataset is not map-style (TRL's rules).
-        TRL's own worker reads the file again after this check, so a bad file is refused before either reads it."""
-        state_file = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
-        # `lexists`, not TRL's `isfile`: a link to a device or a folder in its place is refused, not skipped.
-        if not os.path.lexists(state_file) or not isinstance(self.train_dataset, datasets.Dataset):
-            return None
-        args = self.args
-        per_row = (
-            args.token_budget if (getattr(args, "token_budget", None) or 0) > 0 else args.per_device_train_batch_size
-        )
-        local = isinstance(self.rollout_worker, LocalRolloutWorker)
-        bounds = rollout_state_bounds(
-            checkpoint_global_step(checkpoint),
-            samples_per_step=per_row * args.gradient_accumulation_steps * self.accelerator.num_processes,
-            drops_groups=bool(getattr(args, "filter_zero_variance_groups", False)),
-            republishes=local,
-        )
-        return read_rollout_state(state_file, bounds)
-
-    def _restore_local_prompt_position(self, checkpoint: str | None) -> None:
-        self.rollout_worker._loop_kwargs["dataset_start_index"] = 0
-        self._groups_before_resume = 0
-        if checkpoint is None:
-            return
-        state = self._read_rollout_state(checkpoint)
-        if state is None:
-            logger.warning(
-                f"{checkpoint} records no prompt position (rollout_state.json) or the dataset is not a map-style "
-                "datasets.Dataset: the local rollout worker restarts from prompt 0."
-            )
-            return
-        self.rollout_worker._loop_kwargs["dataset_start_index"] = state["prompt_index"]
-        self._groups_before_resume = state["prompt_index"]
-        self.model_version = state.get("model_version", 0)
-        self.rollout_worker.update_model_version(self.model_version)

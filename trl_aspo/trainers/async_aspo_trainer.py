@@ -30,7 +30,7 @@ from trl_aspo.config.async_config import AsyncASPOConfig
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
-from trl_aspo.infra.local_worker import LocalRolloutWorker, LocalWorkerResumeMixin
+from trl_aspo.infra.local_worker import LocalRolloutWorker
 from trl_aspo.infra.notices import dropped_log_messages
 from trl_aspo.infra.prompt_stream import (
     PromptDispatches,
@@ -48,6 +48,7 @@ from trl_aspo.infra.step_batches import (
 from trl_aspo.infra.vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
 from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
+from trl_aspo.trainers.local_worker_resume import LocalWorkerResumeMixin
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin

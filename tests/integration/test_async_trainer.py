@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -498,6 +499,54 @@ def test_local_worker_resumes_at_the_first_untrained_prompt(tmp_path, tokenizer,
     shared = [group for group in resumed if first_untrained + group in uninterrupted]
     assert 0 in shared
     assert all(resumed[group][0] == uninterrupted[first_untrained + group][0] for group in shared)
+
+
+def test_a_resume_with_trls_worker_numbers_versions_as_async_grpo_does(tmp_path, tokenizer):
+    """Issue 31 item 19: TRL's own worker class (here replaying fixed samples), every feature off. The checkpoint
+    after 2 steps holds model version 3 (the cold sync, then one sync per step); a resumed `AsyncGRPOTrainer` hands
+    its worker 3 (restored), then 4 (the cold sync) and 5 (the one resumed step), and `AsyncASPOTrainer` the same."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+
+    class ReplayingTRLWorker(ScriptedWorker, AsyncRolloutWorker):
+        """TRL's worker class to the trainers (so they write and read `rollout_state.json`), fixed samples inside."""
+
+        def __init__(self, samples):
+            super().__init__(samples)
+            self._loop_kwargs = {"dataset_start_index": 0}
+            self.published = []
+
+        def update_model_version(self, model_version):
+            self.published.append(model_version)
+
+    samples = scripted_samples(tokenizer, [index // 4 for index in range(24)])  # one version per step
+
+    def trainer(trainer_class, config_class, max_steps, samples):
+        install_cpu_fallbacks()
+        fields = base_fields(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=2)
+        return trainer_class(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=config_class(**fields),
+            train_dataset=make_dataset("train", 8, seed=0),
+            processing_class=tokenizer,
+            rollout_worker=ReplayingTRLWorker(samples),
+            weight_transfer=NoWeightTransfer(),
+        )
+
+    first = trainer(AsyncGRPOTrainer, AsyncGRPOConfig, 2, samples)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    assert json.loads((checkpoint / "rollout_state.json").read_text())["model_version"] == 3
+    published = {}
+    for trainer_class, config_class in ((AsyncGRPOTrainer, AsyncGRPOConfig), (AsyncASPOTrainer, AsyncASPOConfig)):
+        resumed = trainer(trainer_class, config_class, 3, samples[8:])
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+        published[trainer_class.__name__] = resumed.rollout_worker.published
+    assert published["AsyncGRPOTrainer"] == [3, 4, 5]
+    assert published["AsyncASPOTrainer"] == published["AsyncGRPOTrainer"]
 
 
 def test_prompt_id_column_keys_the_tracker_by_the_rows_id(tmp_path, tokenizer):

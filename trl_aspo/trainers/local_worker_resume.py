@@ -4,7 +4,8 @@ For a trainer (listed before `AsyncGRPOTrainer` in its bases; `AsyncASPOTrainer`
 local worker's (`trl_aspo.infra.local_worker.LocalRolloutWorker`) prompt position and model version with each
 checkpoint (`rollout_state.json`, trl_aspo.infra.rollout_state), as `AsyncGRPOTrainer` does for its own worker only;
 for either worker it counts a group as trained when its micro-batch is trained (not when the data loader fetches it,
-one micro-batch ahead) and checks the checkpoint's `rollout_state.json` before either reads it.
+one micro-batch ahead) and checks the checkpoint's `rollout_state.json` before either reads it. Resumed, the local
+worker's versions continue the uninterrupted run's; TRL's worker numbers as under `AsyncGRPOTrainer`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 
 import datasets
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
 from trl_aspo.infra.json_files import write_json_atomic
 from trl_aspo.infra.local_worker import LocalRolloutWorker
@@ -46,14 +48,16 @@ class LocalWorkerResumeMixin:
 
     `AsyncGRPOTrainer` does exactly this in `_save_checkpoint` / `_inner_training_loop`, but only for an instance of
     its own worker class, so these two methods add the same for the local worker. With another worker they only call
-    TRL's. For every worker, two things make a resumed run continue as the uninterrupted one:
+    TRL's (after checking TRL's worker's `rollout_state.json`). Two things make a resumed run continue as the
+    uninterrupted one:
 
-    - TRL's collator marks a micro-batch's groups trained when the data loader fetches it, which is one micro-batch
-      ahead of training, so a checkpoint's first untrained prompt would skip the fetched, untrained step. Here the
-      groups join `_trained_groups` when their micro-batch is trained (`training_step`).
-    - The cold weight sync at train begin counts a version; on resume it republishes the checkpoint's weights, so
-      it restores the checkpoint's version instead of minting a new one (not with TRL's adapter-only sync, whose
-      adapter names must not be reused on a running server)."""
+    - For every worker: TRL's collator marks a micro-batch's groups trained when the data loader fetches it, which is
+      one micro-batch ahead of training, so a checkpoint's first untrained prompt would skip the fetched, untrained
+      step. Here the groups join `_trained_groups` when their micro-batch is trained (`training_step`).
+    - For the local worker: the cold weight sync at train begin counts a version; on resume it republishes the
+      checkpoint's weights, so it restores the checkpoint's version instead of minting a new one (not with TRL's
+      adapter-only sync, whose adapter names must not be reused). TRL's own worker keeps TRL's numbering, in which
+      that sync publishes the checkpoint's version + 1 (docs/resuming.md)."""
 
     def get_train_dataloader(self):
         trained, self._trained_groups = self._trained_groups, _CollatedGroups()
@@ -71,6 +75,7 @@ class LocalWorkerResumeMixin:
         return output
 
     def _sync_weight(self):
+        # The first sync of a resumed local-worker run: TRL's bumps the version after publishing, so step back first.
         if getattr(self, "_republish_checkpoint_version", False):
             self._republish_checkpoint_version = False
             if self.accelerator.is_main_process:
@@ -92,22 +97,12 @@ class LocalWorkerResumeMixin:
     def _inner_training_loop(self, *args, **kwargs):
         # Before TRL's train-begin callback starts the worker, which builds its loop from `_loop_kwargs`.
         checkpoint = kwargs.get("resume_from_checkpoint")
+        self._republish_checkpoint_version = False
         if isinstance(self.rollout_worker, LocalRolloutWorker):
             self._restore_local_prompt_position(checkpoint)
-        self._republish_checkpoint_version = self._resumes_a_model_version(checkpoint)
+        elif checkpoint is not None and isinstance(self.rollout_worker, AsyncRolloutWorker):
+            self._read_rollout_state(checkpoint)  # refuses a bad file before TRL reads it
         return super()._inner_training_loop(*args, **kwargs)
-
-    def _resumes_a_model_version(self, checkpoint: str | None) -> bool:
-        """Whether this run resumes the worker at the checkpoint's model version (>= 1), which the cold sync then
-        republishes: the rules by which TRL and `_restore_local_prompt_position` read `rollout_state.json`."""
-        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
-
-        if checkpoint is None or getattr(self, "_lora_sync", False):
-            return False
-        if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
-            return False
-        state = self._read_rollout_state(checkpoint)
-        return state is not None and state.get("model_version", 0) > 0
 
     def _read_rollout_state(self, checkpoint: str) -> dict | None:
         """The checkpoint's `rollout_state.json`, checked (`read_rollout_state`) against the bounds of this run and
@@ -146,3 +141,4 @@ class LocalWorkerResumeMixin:
         self._groups_before_resume = state["prompt_index"]
         self.model_version = state.get("model_version", 0)
         self.rollout_worker.update_model_version(self.model_version)
+        self._republish_checkpoint_version = self.model_version > 0 and not getattr(self, "_lora_sync", False)

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import shlex
 
-from trl_aspo.trainers.resume import cli_command, interrupt_message, resolve_resume_checkpoint, resume_command
+import pytest
+
+from trl_aspo.trainers.resume import (
+    cli_command,
+    interrupt_message,
+    resolve_resume_checkpoint,
+    resume_command,
+    skipped_checkpoints_note,
+)
 
 
 def test_resume_from_checkpoint_true_is_the_latest_checkpoint(tmp_path):
@@ -28,4 +36,37 @@ def test_interrupt_message_without_a_checkpoint_and_the_resume_command(tmp_path)
     command = resume_command(["--config", "my run.yaml", "--resume_from_checkpoint", "old", "--seed", "1"], "out/c-4")
     assert command == shlex.join(
         [*cli_command(), "train", "--config", "my run.yaml", "--seed", "1", "--resume_from_checkpoint", "out/c-4"]
+    )
+
+
+def test_a_cut_short_trainer_state_makes_a_checkpoint_incomplete(tmp_path):
+    """transformers writes trainer_state.json in place, so a kill or a full disk can leave it cut short: such a
+    checkpoint is passed over by `true` and named with the file's error when given explicitly (before: complete,
+    and the resume died with a JSONDecodeError naming no file)."""
+    for step in (2, 4, 6):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4, "log_hi')
+    assert resolve_resume_checkpoint(True, str(tmp_path)) == str(tmp_path / "checkpoint-2")
+    assert skipped_checkpoints_note(str(tmp_path), str(tmp_path / "checkpoint-2")) == (
+        f"Skipped checkpoint-4, checkpoint-6 in {tmp_path}: an unreadable trainer_state.json (checkpoint-4); no "
+        "trainer_state.json (checkpoint-6), so they were not saved to the end (a run stopped while saving, or a full "
+        f"disk); resuming from the latest complete one, {tmp_path / 'checkpoint-2'}."
+    )
+    state = tmp_path / "checkpoint-4" / "trainer_state.json"
+    with pytest.raises(ValueError) as error:
+        resolve_resume_checkpoint(str(tmp_path / "checkpoint-4"), str(tmp_path))
+    assert str(error.value) == (
+        f"resume_from_checkpoint={str(tmp_path / 'checkpoint-4')!r}: not a complete checkpoint (an unreadable "
+        f"trainer_state.json: {state} is not valid JSON (truncated or corrupt?): Unterminated string starting at at "
+        "line 1 column 20: a run stopped while saving it, or a full disk); the latest complete one beside it is "
+        f"{tmp_path / 'checkpoint-2'}."
+    )
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("[2]")
+    with pytest.raises(ValueError) as error:
+        resolve_resume_checkpoint("true", str(tmp_path))
+    assert str(error.value) == (
+        f"resume_from_checkpoint=true: no checkpoint-* folder in output_dir {str(tmp_path)!r} is complete "
+        "(checkpoint-2, checkpoint-4 have an unreadable trainer_state.json; checkpoint-6 has no trainer_state.json: a "
+        "run stopped while saving, or a full disk). Start afresh without resume_from_checkpoint."
     )

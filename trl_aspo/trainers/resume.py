@@ -2,24 +2,33 @@
 
 - `resolve_resume_checkpoint`: transformers' convention that `true` means the latest `checkpoint-*` of `output_dir`
   (`transformers.trainer_utils.get_last_checkpoint`), for the string a YAML file or command line gives, except that
-  only a complete checkpoint counts (`complete_checkpoint`): one a kill or a full disk stopped while it was written
-  is skipped, and named (`skipped_checkpoints_note`).
+  only a complete checkpoint counts (`complete_checkpoint`: its `trainer_state.json` is there and reads as a JSON
+  object): one a kill or a full disk stopped while it was written is skipped, and named
+  (`skipped_checkpoints_note`).
 - `interrupt_message`: the one line printed when a run is stopped with Ctrl-C, naming the checkpoint to resume from
   and the command that does it, spelled so that it runs as printed (`cli_command`).
-- `TiedWeightsCheckpointMixin`: a trainer mixin under which resuming a model with tied input and output embeddings
-  (the built-in models, Qwen2.5-0.5B/1.5B, ...) loads without a "missing keys ['lm_head.weight']" warning.
+- `TiedWeightsCheckpointMixin`: the trainers' resume hook. `trainer.train(resume_from_checkpoint=...)` follows the
+  rule above (the Python API as the CLI), refuses an asynchronous checkpoint whose `rollout_state.json` is gone
+  (`missing_rollout_state`), and a model with tied input and output embeddings (the built-in models,
+  Qwen2.5-0.5B/1.5B, ...) loads without a "missing keys ['lm_head.weight']" warning.
 
-Nothing here imports torch or transformers: `trl-aspo train` checks `resume_from_checkpoint` before they load.
+Nothing here imports torch or transformers at import time: `trl-aspo train` checks `resume_from_checkpoint` before
+they load.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
 import sys
 from pathlib import Path
+
+from trl_aspo.infra.json_files import read_json, require_object
+
+logger = logging.getLogger(__name__)
 
 TRUE_WORDS = ("true", "yes", "1")
 FALSE_WORDS = ("false", "no", "0", "")
@@ -28,6 +37,9 @@ FALSE_WORDS = ("false", "no", "0", "")
 # where trl-aspo's trainers add their own state), so a folder without it was not finished.
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_NAME = "trainer_state.json"
+# Written by the asynchronous trainer into a checkpoint before trainer_state.json (TRL's worker and the local one):
+# the first untrained prompt group and the model version.
+ROLLOUT_STATE_NAME = "rollout_state.json"
 # Set by `trl-aspo train` for the processes `accelerate launch` starts: the words that start the run again (the
 # executable, `train` and the launcher flags as the user gave them), as a JSON list.
 RELAUNCH_ENV = "TRL_ASPO_RELAUNCH"
@@ -45,12 +57,12 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir: str) -> str | 
     if resume_from_checkpoint is True or word in TRUE_WORDS:
         latest = latest_checkpoint(output_dir)
         if latest is None:
-            incomplete = [path.name for path in existing_checkpoints(output_dir)]
+            incomplete = existing_checkpoints(output_dir)
             if incomplete:
                 raise ValueError(
                     f"resume_from_checkpoint=true: no checkpoint-* folder in output_dir {output_dir!r} is complete "
-                    f"({_listed(incomplete)} {'has' if len(incomplete) == 1 else 'have'} no {TRAINER_STATE_NAME}: a "
-                    "run stopped while saving, or a full disk). Start afresh without resume_from_checkpoint."
+                    f"({_why_incomplete(incomplete, verb=True)}: a run stopped while saving, or a full disk). Start "
+                    "afresh without resume_from_checkpoint."
                 )
             raise ValueError(
                 f"resume_from_checkpoint=true: there is no checkpoint-* folder in output_dir {output_dir!r} to resume "
@@ -58,12 +70,13 @@ def resolve_resume_checkpoint(resume_from_checkpoint, output_dir: str) -> str | 
             )
         return latest
     path = str(resume_from_checkpoint)
-    if os.path.isdir(path) and not complete_checkpoint(path):
+    problem = incomplete_checkpoint_problem(path) if os.path.isdir(path) else None
+    if problem is not None:
         latest = latest_checkpoint(os.path.dirname(os.path.abspath(path)))
         instead = f"; the latest complete one beside it is {latest}" if latest else ""
         raise ValueError(
-            f"resume_from_checkpoint={path!r}: not a complete checkpoint (no {TRAINER_STATE_NAME}: a run stopped "
-            f"while saving it, or a full disk){instead}."
+            f"resume_from_checkpoint={path!r}: not a complete checkpoint ({problem}: a run stopped while saving it, "
+            f"or a full disk){instead}."
         )
     return path
 
@@ -77,15 +90,30 @@ def existing_checkpoints(output_dir: str) -> list[Path]:
     return sorted(found, key=lambda path: int(CHECKPOINT_NAME.match(path.name)[1]))
 
 
+def incomplete_checkpoint_problem(path: str | Path) -> str | None:
+    """Why a checkpoint folder was not saved to the end, None when it was: `trainer_state.json`, written last, is
+    missing, or does not read as a JSON object (transformers writes it in place, so a kill or a full disk during
+    that write leaves it cut short; the error names the file and where its JSON breaks off)."""
+    state = Path(path) / TRAINER_STATE_NAME
+    if not os.path.lexists(state):
+        return f"no {TRAINER_STATE_NAME}"
+    try:
+        require_object(read_json(state), str(state))
+    except ValueError as error:
+        # Without the reader's closing period: the caller's message goes on after it.
+        return f"an unreadable {TRAINER_STATE_NAME}: {str(error).rstrip('.')}"
+    return None
+
+
 def complete_checkpoint(path: str | Path) -> bool:
-    """Whether a checkpoint folder was saved to the end (it holds `trainer_state.json`, written last)."""
-    return (Path(path) / TRAINER_STATE_NAME).is_file()
+    """Whether a checkpoint folder was saved to the end (`incomplete_checkpoint_problem` finds nothing)."""
+    return incomplete_checkpoint_problem(path) is None
 
 
 def latest_checkpoint(output_dir: str) -> str | None:
     """The newest complete `checkpoint-*` folder of `output_dir`, or None."""
-    complete = [path for path in existing_checkpoints(output_dir) if complete_checkpoint(path)]
-    return str(complete[-1]) if complete else None
+    # Newest first: each check reads a trainer_state.json, which grows with the run's log history.
+    return next((str(path) for path in reversed(existing_checkpoints(output_dir)) if complete_checkpoint(path)), None)
 
 
 def skipped_checkpoints_note(output_dir: str, resumed: str) -> str | None:
@@ -93,7 +121,7 @@ def skipped_checkpoints_note(output_dir: str, resumed: str) -> str | None:
     over; None when there are none."""
     step = int(CHECKPOINT_NAME.match(Path(resumed).name)[1]) if CHECKPOINT_NAME.match(Path(resumed).name) else -1
     skipped = [
-        path.name
+        path
         for path in existing_checkpoints(output_dir)
         if int(CHECKPOINT_NAME.match(path.name)[1]) > step and not complete_checkpoint(path)
     ]
@@ -101,13 +129,64 @@ def skipped_checkpoints_note(output_dir: str, resumed: str) -> str | None:
         return None
     it_was = "it was" if len(skipped) == 1 else "they were"
     return (
-        f"Skipped {_listed(skipped)} in {output_dir}: no {TRAINER_STATE_NAME}, so {it_was} not saved to the end "
-        f"(a run stopped while saving, or a full disk); resuming from the latest complete one, {resumed}."
+        f"Skipped {_listed([path.name for path in skipped])} in {output_dir}: {_why_incomplete(skipped)}, so "
+        f"{it_was} not saved to the end (a run stopped while saving, or a full disk); resuming from the latest "
+        f"complete one, {resumed}."
     )
+
+
+def _why_incomplete(paths: list[Path], verb: bool = False) -> str:
+    """What the incomplete checkpoints `paths` lack, grouped: 'no trainer_state.json' (with `verb`: 'checkpoint-3
+    has no trainer_state.json'); where some have one that cannot be read, each group names its folders."""
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        problem = incomplete_checkpoint_problem(path) or ""
+        # The reader's error repeats the path; the group's folder names say which checkpoints it is.
+        kind = f"no {TRAINER_STATE_NAME}" if problem.startswith("no ") else f"an unreadable {TRAINER_STATE_NAME}"
+        groups.setdefault(kind, []).append(path.name)
+    if verb:
+        return "; ".join(
+            f"{_listed(names)} {'has' if len(names) == 1 else 'have'} {kind}" for kind, names in groups.items()
+        )
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"{kind} ({_listed(names)})" for kind, names in groups.items())
 
 
 def _listed(names: list[str]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def missing_rollout_state(trainer, checkpoint: str) -> str | None:
+    """The refusal for resuming `trainer` (an asynchronous one) from a complete `checkpoint` without
+    `rollout_state.json`, None when nothing is missing.
+
+    TRL's worker and the local one write the file into every checkpoint before `trainer_state.json`, and read it on
+    resume only for a map-style dataset; when it is gone, TRL (and the local worker, as TRL) logs a warning and
+    starts the prompt stream again at prompt 0, so the resumed run trains the prompts it already trained. Another
+    worker writes no such file, and an iterable dataset cannot be repositioned: nothing is missing then."""
+    worker = getattr(trainer, "rollout_worker", None)
+    if worker is None:
+        return None
+    import datasets
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trl_aspo.infra.local_worker import LocalRolloutWorker
+
+    if not isinstance(worker, AsyncRolloutWorker | LocalRolloutWorker):
+        return None
+    if not isinstance(trainer.train_dataset, datasets.Dataset):
+        return None
+    path = os.path.join(checkpoint, ROLLOUT_STATE_NAME)
+    if os.path.lexists(path):
+        return None
+    return (
+        f"resume_from_checkpoint={checkpoint!r}: {path} is missing. The asynchronous trainer writes it into every "
+        "checkpoint before trainer_state.json (the first untrained prompt group and the model version), so it was "
+        "deleted, or the checkpoint is not the asynchronous trainer's; without it the prompt stream would restart "
+        "at prompt 0 and train those prompts again. Resume from another checkpoint, or, to restart the stream on "
+        f'purpose, write {{"prompt_index": 0, "model_version": 0}} into {path}.'
+    )
 
 
 def cli_command() -> list[str]:
@@ -150,14 +229,33 @@ def interrupt_message(argv: list[str], output_dir: str, step: int | None) -> str
 
 
 class TiedWeightsCheckpointMixin:
-    """Recognize tied weights when `Trainer` loads a checkpoint's model weights on resume.
+    """The trainers' resume hook (listed first among their bases).
 
-    A model with tied embeddings is saved without its output head (safetensors keeps one copy of shared storage), so
+    `train(resume_from_checkpoint=...)` resolves the checkpoint as `trl-aspo train` does (`resolve_resume_checkpoint`:
+    `True` takes the latest complete checkpoint of `output_dir` and logs the incomplete ones it passed over; a path to
+    an incomplete one is refused, naming what it lacks), where `Trainer` would take the newest folder by name and
+    fail later on its missing or cut-short `trainer_state.json` with an error naming no file. An asynchronous
+    checkpoint without its `rollout_state.json` is refused (`missing_rollout_state`).
+
+    Tied weights are recognized when `Trainer` loads a checkpoint's model weights on resume. A model with tied
+    embeddings is saved without its output head (safetensors keeps one copy of shared storage), so
     `model.load_state_dict(..., strict=False)` reports `lm_head.weight` missing, and transformers warns unless the key
     is in `_keys_to_ignore_on_save`, which transformers 5 no longer sets for tied weights. A missing key is not
     missing when the model ties it to a parameter the checkpoint did load (`get_expanded_tied_weights_keys`, the
     mapping transformers' own `from_pretrained` uses): that parameter is the same tensor. Any other missing or
     unexpected key is still reported."""
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None and checkpoint != resume_from_checkpoint:
+            skipped = skipped_checkpoints_note(self.args.output_dir, checkpoint)
+            if skipped:
+                logger.warning(skipped)
+        if checkpoint is not None:
+            refusal = missing_rollout_state(self, checkpoint)
+            if refusal:
+                raise ValueError(refusal)
+        return super().train(checkpoint, *args, **kwargs)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         model = self.accelerator.unwrap_model(self.model)

@@ -162,3 +162,52 @@ def test_async_aspo_step_gradient_equals_one_process_mean_over_the_step(tmp_path
         torch.testing.assert_close(ranks[0]["gradients"][name], ranks[1]["gradients"][name], msg=name)
         # Packed tree attention and the plain forward differ by float32 rounding (relative error ~1e-5).
         assert (ranks[0]["gradients"][name] - expected).norm() <= 1e-4 * expected.norm(), name
+
+
+def _decoupled_reference_gradients(clip_min: float, clip_max: float) -> dict[str, torch.Tensor]:
+    """The decoupled step's gradient on one process, written from the equation rather than the project's loss:
+    `-sum_t c_t A_t grad log pi_t / N` over the step's N action tokens, with `c_t = clamp(pi_t / pi_generator_t,
+    clip_min, clip_max)` from the detached current log-probs (pi_prox; the ratio against it is 1, where the aspo
+    loss's weight is 1)."""
+    from helpers import MODEL, calculator_tokenizer, step_samples
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    model.train()
+    terms = []
+    for sample in step_samples(calculator_tokenizer()):
+        ids = torch.as_tensor(sample.input_ids).unsqueeze(0)
+        targets = torch.as_tensor(sample.completion_mask).bool()[1:]
+        logps = model(ids).logits[0, :-1].float().log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0][targets]
+        generator = torch.as_tensor(sample.old_log_probs)[1:][targets]
+        weight = torch.exp(logps.detach() - generator).clamp(clip_min, clip_max)
+        terms.append(-weight * sample.advantage * logps)
+    objective = torch.cat(terms).sum() / sum(term.numel() for term in terms)
+    objective.backward()
+    return {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+@pytest.mark.slow
+def test_async_decoupled_step_gradient_is_the_corrected_policy_gradient(tmp_path):
+    """Issue 30: two ranks, two accumulated micro-batches (the samples above, generator log-probs 0.3 nats of noise off
+    the trainer's), token_truncate to [0.8, 1.25]: the all-reduced gradient of the step equals
+    -sum c A grad log pi / N, and the truncation acts (some weights are at a bound)."""
+    bounds = (0.8, 1.25)
+    overrides = {
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_min": bounds[0],
+        "vllm_importance_sampling_clip_max": bounds[1],
+    }
+    _run_processes(
+        [str(WORKERS_DIR / "async_multiprocess_worker.py"), str(tmp_path), "decoupled", json.dumps(overrides)],
+        processes=2,
+    )
+    ranks = [torch.load(tmp_path / f"decoupled-rank{rank}.pt") for rank in range(2)]
+    reference = _decoupled_reference_gradients(*bounds)
+    for name, expected in reference.items():
+        torch.testing.assert_close(ranks[0]["gradients"][name], ranks[1]["gradients"][name], msg=name)
+        assert (ranks[0]["gradients"][name] - expected).norm() <= 1e-4 * expected.norm(), name
+    clipped = ranks[0]["metrics"]
+    assert clipped["offpolicy/clipped_frac_pos"] + clipped["offpolicy/clipped_frac_neg"] > 0.0
+    assert clipped["offpolicy/is_weight_mean"] != 1.0

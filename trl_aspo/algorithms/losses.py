@@ -264,6 +264,22 @@ def asymmetric_policy_loss(
     return loss, dict(zip(STATS_KEYS, stats, strict=True))
 
 
+def clipped_surrogate_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> torch.Tensor:
+    """(B, T) PPO's clipped surrogate ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, ``r = exp(lp - lp_old)``:
+    the per-token loss of TRL's `AsyncGRPOTrainer` ("ppo"), here for its decoupled mode, where the ratio is taken
+    against the proximal policy. ``advantages`` is (B,) or (B, T)."""
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    ratio = torch.exp(per_token_logps - old_per_token_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(ratio * advantages, clipped * advantages)
+
+
 def entropy_split_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float = 0.8) -> torch.Tensor:
     """(B, T) bool: valid tokens whose entropy is strictly above the ``quantile`` of their own completion.
 

@@ -20,7 +20,19 @@ DEFAULT_METRICS = (
     "tools/failure_frequency",
     "aspo/flip_weight_mean",
     "value/mean",
+    ("offpolicy/staleness_mean", "offpolicy/staleness_max"),
+    ("offpolicy/is_weight_mean", "offpolicy/ess", "offpolicy/clipped_frac_pos", "offpolicy/clipped_frac_neg"),
 )
+# Titles of the panels that draw several metrics (a tuple of `metrics`), each metric its own line.
+GROUP_TITLES = {
+    ("offpolicy/staleness_mean", "offpolicy/staleness_max"): "staleness (model versions)",
+    (
+        "offpolicy/is_weight_mean",
+        "offpolicy/ess",
+        "offpolicy/clipped_frac_pos",
+        "offpolicy/clipped_frac_neg",
+    ): "rollout IS weight",
+}
 # The panel of held-out evaluations: before and after training, and during it where `heldout/accuracy` is logged.
 HELDOUT_ACCURACY = "heldout/accuracy"
 # Training wall-clock seconds of a log row (trl_aspo.cli.callbacks.TRAIN_SECONDS), the x of `x_axis="seconds"`.
@@ -44,7 +56,9 @@ PANEL_TITLES = {
 LINE_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ((0, (5, 1, 1, 1)), "v"), ((0, (1, 3)), "P"))
 
 
-def panel_title(key: str) -> str:
+def panel_title(key: str | tuple[str, ...]) -> str:
+    if isinstance(key, tuple):
+        return GROUP_TITLES.get(key, " / ".join(key))
     return PANEL_TITLES.get(key, key)
 
 
@@ -78,7 +92,8 @@ def plot_training_curves(
     title: str | None = None,
     heldout: dict | None = None,
 ) -> str:
-    """Plot every metric of `metrics` that the log history holds, one panel each, against the optimizer step.
+    """Plot every metric of `metrics` that the log history holds, one panel each, against the optimizer step; a
+    tuple of metrics shares one panel, a line each (the logged ones among them).
 
     The figure's title is `title` (e.g. the config name and its methods) with `heldout`'s before/after accuracy
     ({"initial": fraction, "final": fraction}, either optional); metrics zero at every step are listed, not drawn."""
@@ -87,16 +102,24 @@ def plot_training_curves(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    logged = {name: metric_points(log_history, name) for name in metrics}
-    zero = [name for name, points in logged.items() if is_constant_zero(points.values())]
-    present = [name for name, points in logged.items() if points and name not in zero]
+    panels = {}
+    for key in metrics:
+        lines = {name: metric_points(log_history, name) for name in (key if isinstance(key, tuple) else (key,))}
+        panels[key] = {name: points for name, points in lines.items() if points}
+    zero = [
+        key for key, lines in panels.items() if lines and all(is_constant_zero(p.values()) for p in lines.values())
+    ]
+    present = [key for key, lines in panels.items() if lines and key not in zero]
     columns = min(3, max(1, len(present)))
     rows = max(1, -(-len(present) // columns))
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows + 0.8), squeeze=False)
-    for axis, name in zip(axes.flat, present, strict=False):
-        steps = sorted(logged[name])
-        axis.plot(steps, [logged[name][step] for step in steps], marker=".", linewidth=1.2)
-        axis.set_title(panel_title(name), fontsize=10)
+    for axis, key in zip(axes.flat, present, strict=False):
+        for name, points in panels[key].items():
+            steps = sorted(points)
+            axis.plot(steps, [points[step] for step in steps], marker=".", linewidth=1.2, label=name)
+        if isinstance(key, tuple):
+            axis.legend(fontsize=7)
+        axis.set_title(panel_title(key), fontsize=10)
         axis.set_xlabel("optimizer step")
         integer_steps(axis)
         axis.grid(alpha=0.3)

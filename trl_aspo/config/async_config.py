@@ -16,8 +16,20 @@ from dataclasses import dataclass
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
+from trl_aspo.algorithms.policy_losses import get_policy_loss
+from trl_aspo.algorithms.rollout_correction import CORRECTION_MODES
 from trl_aspo.config.aspo_config import ASPOFieldsMixin
-from trl_aspo.config.fields import ASYNC, check_dependencies, fields_docstring, independent_fields, unsupported_fields
+from trl_aspo.config.fields import (
+    ASYNC,
+    Bound,
+    Check,
+    Needs,
+    Section,
+    check_dependencies,
+    fields_docstring,
+    independent_fields,
+    unsupported_fields,
+)
 
 # The fields the asynchronous trainer cannot honour yet (name -> why), from their declarations' `unsupported`.
 ASYNC_UNSUPPORTED_FIELDS = unsupported_fields(ASPOFieldsMixin, ASYNC)
@@ -25,6 +37,49 @@ ASYNC_UNSUPPORTED_FIELDS = unsupported_fields(ASPOFieldsMixin, ASYNC)
 # ASPOFieldsMixin fields that ASPOConfig checks against other fields and that act on their own here (name -> why),
 # from their declarations' `independent`.
 ASYNC_INDEPENDENT_FIELDS = independent_fields(ASPOFieldsMixin, ASYNC)
+
+
+def check_sampling_logprobs(config, reports_processed_logprobs: bool) -> None:
+    """Refuse, naming both fields, a generator whose log-probs are of a processed distribution (a worker that
+    `reports_processed_logprobs`, as vLLM's `processed_logprobs` are, sampling at top_p < 1 or top_k > 0) while the
+    ratio against them is corrected, flipped or clipped beyond TRL's own PPO loss: the trainer's log-probs are of the
+    full softmax, so the ratio is not 1 where no parameter changed. `allow_processed_sampling_logprobs` accepts it.
+    The trainer calls this once it knows its rollout worker (`LocalRolloutWorker` reports full-softmax log-probs
+    unless asked otherwise; TRL's, vLLM's processed ones)."""
+    processed = reports_processed_logprobs and (config.top_p < 1.0 or config.top_k > 0)
+    reads_ratio = config.vllm_importance_sampling_correction or get_policy_loss(config.loss_type) is not None
+    if not processed or not reads_ratio or config.allow_processed_sampling_logprobs:
+        return
+    acting = (
+        "the rollout correction (vllm_importance_sampling_correction=True)"
+        if config.vllm_importance_sampling_correction
+        else f"loss_type={config.loss_type!r}, which flips and clips that ratio,"
+    )
+    field = "top_p" if config.top_p < 1.0 else "top_k"
+    raise ValueError(
+        f"{type(config).__name__}.{field}={getattr(config, field)!r} is invalid: the generator samples with "
+        f"top_p={config.top_p}, top_k={config.top_k} and reports the log-probs of that truncated, renormalized "
+        "distribution while the trainer's are of the full softmax, so the ratio is not 1 even where no parameter "
+        f"changed, and {acting} acts on that artefact. Set top_p=1.0 and top_k=0 (or "
+        "allow_processed_sampling_logprobs=True to accept it)."
+    )
+
+
+CORRECTION_ON = Needs(
+    ("vllm_importance_sampling_correction",),
+    "vllm_importance_sampling_correction=True",
+    lambda c: c.vllm_importance_sampling_correction,
+    "it shapes the rollout correction, which is off",
+)
+OFF_POLICY = Section(
+    "Off-policy correction (asynchronous trainer)",
+    "The decoupled objective (docs/async.md): with vllm_importance_sampling_correction=True the loss's ratio is "
+    "pi_theta / pi_prox (the trainer's own log-probs at the step, no extra forward pass) and each token's loss is "
+    "multiplied by a gradient-free weight c = f(pi_prox / pi_generator), truncated or masked per token or per "
+    "sequence exactly as GRPOConfig's fields of the same names do for the synchronous trainer. Off (the default), "
+    "the trainer computes what TRL's AsyncGRPOTrainer computes.",
+    depends=(CORRECTION_ON,),
+)
 
 
 @dataclass
@@ -44,6 +99,65 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
 
     _trainer = ASYNC
     _default_loss_type = "ppo"
+
+    vllm_importance_sampling_correction: bool = OFF_POLICY.field(
+        False,
+        help="The decoupled objective: the loss's ratio against the trainer's own log-probs at the step "
+        "(pi_prox) and a rollout importance weight c = f(pi_prox / pi_generator) on each token's loss, so "
+        "staleness and the generator/trainer mismatch are corrected apart from the policy update. Works with "
+        "'ppo' and every registered loss. False = the ratio against the generator's log-probs (TRL's).",
+        switch=True,
+        independent="switches the decoupled objective on",
+    )
+    vllm_importance_sampling_mode: str = OFF_POLICY.field(
+        "sequence_mask",
+        help="How the rollout weight is formed from rho = pi_prox / pi_generator: 'token_truncate' (per-token rho "
+        "clamped to [clip_min, clip_max]; the SPO++ recipe with clip_max 2), 'token_mask' (per-token rho, 0 "
+        "outside the bounds; IcePop is this mode with both bounds, e.g. [0.5, 5]), 'sequence_truncate' / "
+        "'sequence_mask' (one rho per completion, exp of the summed token log-ratios). GRPOConfig's default.",
+        choices=CORRECTION_MODES,
+    )
+    vllm_importance_sampling_clip_max: float | None = OFF_POLICY.field(
+        3.0,
+        help="Upper bound C_max of rho: truncated to it ('*_truncate') or masked above it ('*_mask'). None = no upper "
+        "bound (then clip_min must be set). Must be > 0 and >= clip_min.",
+        bound=Bound(0, 1e6, low_open=True),
+        checks=(
+            Check(
+                lambda c: (
+                    c.vllm_importance_sampling_clip_min is None
+                    or c.vllm_importance_sampling_clip_max is None
+                    or c.vllm_importance_sampling_clip_min <= c.vllm_importance_sampling_clip_max
+                ),
+                lambda c: f"must be >= vllm_importance_sampling_clip_min={c.vllm_importance_sampling_clip_min}",
+            ),
+            Check(
+                lambda c: (
+                    not c.vllm_importance_sampling_correction
+                    or c.vllm_importance_sampling_clip_max is not None
+                    or c.vllm_importance_sampling_clip_min is not None
+                ),
+                "a bound is needed (with both None the weight is the raw, unbounded ratio): set it or "
+                "vllm_importance_sampling_clip_min",
+            ),
+        ),
+    )
+    vllm_importance_sampling_clip_min: float | None = OFF_POLICY.field(
+        None,
+        help="Lower bound C_min of rho: truncated to it ('*_truncate') or masked below it ('*_mask'). None = no lower "
+        "bound. Must be >= 0 and <= clip_max.",
+        bound=Bound(0, 1e6),
+    )
+    allow_processed_sampling_logprobs: bool = OFF_POLICY.field(
+        False,
+        help="Accept a generator that samples with top_p < 1 or top_k > 0 and reports the log-probs of that "
+        "processed distribution (TRL's worker: vLLM's processed_logprobs) together with the rollout correction or a "
+        "registered loss. The trainer's log-probs are of the full softmax, so the ratio differs from 1 at zero "
+        "drift; such runs are refused when the trainer is built unless this is set (e.g. to measure that mismatch "
+        "on purpose).",
+        switch=True,
+        independent="lifts the refusal of processed sampling, whatever else is set",
+    )
 
     def __post_init__(self):
         self._validate_aspo_fields()

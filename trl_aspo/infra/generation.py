@@ -57,8 +57,12 @@ def sample_completion(
     min_p: float | None = None,
     repetition_penalty: float = 1.0,
     generator: torch.Generator | None = None,
+    processed_logprobs: bool = False,
 ) -> tuple[list[int], list[float]]:
-    """Sample up to `max_tokens` tokens after `prompt_ids`; return them (the stop token included) and their log-probs.
+    """Sample up to `max_tokens` tokens after `prompt_ids`; return them (the stop token included) and their log-probs:
+    of the temperature-scaled full softmax (the trainer's), or with `processed_logprobs` of the distribution actually
+    sampled from (after top-p, top-k, min-p and the repetition penalty, renormalized), as vLLM reports them under
+    `--logprobs-mode processed_logprobs`, which TRL's `vllm-serve` sets.
 
     Args:
         model: a causal LM; it is run in eval mode with its KV cache, one sequence at a time.
@@ -86,10 +90,11 @@ def sample_completion(
             outputs = model(input_ids=step_input, use_cache=True, **{cache_argument: cache})
             cache = outputs[cache_argument]
             scaled = outputs.logits[:, -1, :].float() / temperature
-            probs = torch.softmax(truncations(sequence, scaled.clone()), dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator)
+            processed = truncations(sequence, scaled.clone())
+            token = torch.multinomial(torch.softmax(processed, dim=-1), 1, generator=generator)
             token_ids.append(int(token))
-            log_probs.append(float(torch.log_softmax(scaled, dim=-1)[0, token_ids[-1]]))
+            reported = processed if processed_logprobs else scaled
+            log_probs.append(float(torch.log_softmax(reported, dim=-1)[0, token_ids[-1]]))
             if token_ids[-1] in stop:
                 break
             sequence = torch.cat([sequence, token], dim=1)

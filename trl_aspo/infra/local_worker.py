@@ -57,11 +57,13 @@ class _LocalRolloutLoop(_AsyncRolloutLoop):
         policy_lock: threading.Lock,
         jitter_s: float,
         seed: int,
+        processed_logprobs: bool,
         **loop_kwargs: Any,
     ):
         super().__init__(**loop_kwargs)
         self._policy = policy
         self._policy_lock = policy_lock
+        self._processed_logprobs = processed_logprobs
         self._jitter_s = jitter_s
         self._rng = random.Random(seed)
         # One sampler thread: the policy copy is one model, and the event loop must stay free to score and push.
@@ -94,6 +96,7 @@ class _LocalRolloutLoop(_AsyncRolloutLoop):
                 min_p=self.min_p,
                 repetition_penalty=self.repetition_penalty,
                 generator=generator,
+                processed_logprobs=self._processed_logprobs,
             )
 
 
@@ -128,6 +131,9 @@ class LocalRolloutWorker:
         environment_factory: as for `AsyncGRPOTrainer`.
         jitter_s: each turn waits `U(0, jitter_s)` seconds before sampling (0: none), so groups finish out of order.
         seed: seed of the jitter and of each turn's sampling stream.
+        processed_logprobs: report each token's log-prob under the distribution sampled from (after top-p / top-k,
+            renormalized), as vLLM does behind TRL's `vllm-serve`; False (default): under the temperature-scaled full
+            softmax, the trainer's, so a ratio at zero drift is 1 whatever the sampling settings.
     """
 
     _loop_cls: type[_LocalRolloutLoop] = _LocalRolloutLoop
@@ -143,6 +149,7 @@ class LocalRolloutWorker:
         environment_factory=None,
         jitter_s: float = 0.0,
         seed: int = 0,
+        processed_logprobs: bool = False,
     ):
         if jitter_s < 0:
             raise ValueError(f"jitter_s={jitter_s}: the latency jitter is a duration in seconds, so it must be >= 0.")
@@ -161,6 +168,8 @@ class LocalRolloutWorker:
                 "bf16=False and fp16=False in AsyncGRPOConfig (the usual choice on CPU) for matching log-probs."
             )
         self.policy_lock = threading.Lock()
+        # Read by AsyncASPOTrainer (trl_aspo.config.async_config.check_sampling_logprobs).
+        self.reports_processed_logprobs = processed_logprobs
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -180,6 +189,7 @@ class LocalRolloutWorker:
             policy_lock=self.policy_lock,
             jitter_s=jitter_s,
             seed=seed,
+            processed_logprobs=processed_logprobs,
             model_name=model,
             dataset=train_dataset,
             reward_funcs=reward_funcs if isinstance(reward_funcs, list) else [reward_funcs],

@@ -1,16 +1,36 @@
 """`AsyncASPOTrainer`'s loss: a registered policy loss (`assembled_loss`, trl_aspo.trainers.loss_assembly, shared with
 ASPOTrainer) on the log-probs of AsyncGRPOTrainer's own packed forward, laid out per sample, with the generator's
-log-probs as the old policy and every unit of an optimizer step weighted the same (docs/async.md)."""
+log-probs as the old policy and every unit of an optimizer step weighted the same; and the decoupled objective
+(`vllm_importance_sampling_correction`): the ratio against the trainer's own log-probs at the step, each token's loss
+weighted by the rollout correction (trl_aspo.algorithms.rollout_correction), for TRL's PPO loss and every registered
+one (docs/async.md)."""
 
 from __future__ import annotations
 
 import torch
 
-from trl_aspo.algorithms.losses import step_loss_normalizer
+from trl_aspo.algorithms.losses import clipped_surrogate_loss, step_loss_normalizer
 from trl_aspo.algorithms.packed import SegmentRows, packed_loss_units
 from trl_aspo.algorithms.policy_losses import PolicyLoss, get_policy_loss
+from trl_aspo.algorithms.rollout_correction import correction_metrics, correction_sums, rollout_correction_weight
+from trl_aspo.algorithms.weight_map import clipped_ratio_weight
 from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss, log_loss_metrics
 from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
+
+# TRL's "ppo" loss written out for the decoupled mode, where TRL's inline computation cannot take the proximal ratio
+# and the correction weight; not registered (TRL owns the name).
+TRL_PPO_LOSS = PolicyLoss(
+    "ppo",
+    lambda inputs: clipped_surrogate_loss(
+        inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.epsilon_low, inputs.epsilon_high
+    ),
+)
+# TRL's own staleness measurements (its RolloutQueueDataset, per sample when it is taken for a step), logged also under
+# the names users compare across frameworks.
+STALENESS_ALIASES = {
+    "sample/staleness_mean": "offpolicy/staleness_mean",
+    "sample/staleness_max": "offpolicy/staleness_max",
+}
 
 
 class AsyncGRPOLossMixin(WeightMapMixin):
@@ -18,6 +38,7 @@ class AsyncGRPOLossMixin(WeightMapMixin):
     weight map's window) of `AsyncASPOTrainer`."""
 
     _loss_micro_batches = 0  # seeds the per-micro-batch draws of a registered loss
+    _correction_window: torch.Tensor | None = None  # this optimizer step's `correction_sums` so far
 
     @property
     def _loss_type(self) -> str:
@@ -30,6 +51,11 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         """The registered loss `loss_type` names; None for TRL's PPO loss."""
         return get_policy_loss(self._loss_type)
 
+    @property
+    def _decoupled(self) -> bool:
+        """Whether the decoupled objective is on (False for arguments without the field, as `_loss_type`)."""
+        return bool(getattr(self.args, "vllm_importance_sampling_correction", False))
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """A registered loss: TRL's packed forward and accounting run unchanged (its PPO loss is inlined there, so
         there is no smaller method to override); the returned loss is `assembled_loss` on the same log-probs, laid
@@ -38,10 +64,17 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         With `log_weight_map`, every trained token enters the map, old probability = the generator's: every sample
         here carries the rollout's log-probs, from a policy up to `max_staleness` versions behind and computed by
         another engine, and each sample trains once. With loss_type='ppo' the weight is TRL's clipped surrogate's,
-        `clipped_ratio_weight` without `delta`."""
+        `clipped_ratio_weight` without `delta`.
+
+        Decoupled (`vllm_importance_sampling_correction`): the old policy is the trainer's own log-probs of this
+        forward, detached (pi_prox: each sample trains in exactly one optimizer step, and the parameters do not
+        change between its micro-batches), and each token's loss is multiplied by the rollout correction weight
+        c = f(pi_prox / pi_generator); TRL's PPO loss is then computed here (`TRL_PPO_LOSS`, TRL's normalization).
+        The weight map then records c times the loss's weight, against the generator's probability."""
         policy_loss = self._policy_loss
+        decoupled = self._decoupled
         collects_weight_map = self._weight_map is not None and self.model.training
-        if policy_loss is None and not collects_weight_map:
+        if policy_loss is None and not decoupled and not collects_weight_map:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         captured = {}
 
@@ -53,7 +86,7 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         outputs = captured["outputs"]
         selected = inputs["token_index"] >= 0
         token_index = inputs["token_index"][selected]
-        if policy_loss is None:
+        if policy_loss is None and not decoupled:
             # TRL's loss runs on the flat (M,) targets: one (1, M) row of action tokens.
             old_log_probs, advantages = inputs["old_log_probs"][selected][None], inputs["advantages"][selected][None]
             log_probs = outputs.log_probs.flatten()[token_index][None].detach()
@@ -61,38 +94,86 @@ class AsyncGRPOLossMixin(WeightMapMixin):
             return ppo_loss
         rows = SegmentRows(inputs["segment_id"][selected])
         log_probs = rows.to_rows(outputs.log_probs.flatten()[token_index])
-        old_log_probs = rows.to_rows(inputs["old_log_probs"][selected])
+        generator_log_probs = rows.to_rows(inputs["old_log_probs"][selected])
         advantages = rows.to_rows(inputs["advantages"][selected])
         args = self.args
+        old_log_probs, factor = generator_log_probs, None
+        if decoupled:
+            old_log_probs = log_probs.detach()
+            factor = self._rollout_correction(old_log_probs, generator_log_probs, advantages, rows.mask)
+        if policy_loss is None:
+            # TRL's PPO loss and its normalization: the micro-batch's token sum over its tokens per rank, per
+            # accumulation step.
+            tokens_per_rank = (inputs["global_n_tokens"][0] / self.accelerator.num_processes).clamp(min=1.0)
+            loss_fn, draws, normalizer = TRL_PPO_LOSS, {}, tokens_per_rank.to(log_probs)
+            divisor = self.current_gradient_accumulation_steps
+        else:
+            loss_fn, draws, divisor = policy_loss, {}, 1.0
+            if policy_loss.draw is not None:
+                # Drawn among this micro-batch's samples (the synchronous trainer draws once per round).
+                generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self._loss_micro_batches)
+                draws = policy_loss.draw(advantages[:, 0], args, generator)
+            self._loss_micro_batches += 1
+            # Every action token (or completion) of the optimizer step weighs the same across ranks and micro-batches.
+            units = self._loss_step_units[0 if args.aspo_aggregation == "token" else 1]
+            normalizer = step_loss_normalizer(units, self.accelerator.num_processes).to(log_probs)
         entropies = rows.to_rows(outputs.entropy.flatten()[token_index].detach())
-        draws = {}
-        if policy_loss.draw is not None:
-            # Drawn among this micro-batch's samples (the synchronous trainer draws once per round).
-            generator = torch.Generator().manual_seed(args.seed * 1_000_003 + self._loss_micro_batches)
-            draws = policy_loss.draw(advantages[:, 0], args, generator)
-        self._loss_micro_batches += 1
-        # Every action token (or completion) of the optimizer step weighs the same across ranks and micro-batches.
-        units = self._loss_step_units[0 if args.aspo_aggregation == "token" else 1]
         out = assembled_loss(
-            policy_loss,
-            AssemblyInputs(log_probs, old_log_probs, advantages, rows.mask, entropies=entropies, draws=draws),
+            loss_fn,
+            AssemblyInputs(
+                log_probs, old_log_probs, advantages, rows.mask, entropies=entropies, draws=draws, factor=factor
+            ),
             args,
             self.state.global_step,
             self.epsilon_low,
             self.epsilon_high,
-            step_loss_normalizer(units, self.accelerator.num_processes).to(log_probs),
+            normalizer,
+            divisor,
         )
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
         if collects_weight_map:
-            self._add_registered_weight_map(policy_loss, old_log_probs, log_probs, advantages, rows.mask, out.stats)
-        self._log_loss_metrics(policy_loss, out.stats, rows.mask, out.per_token_loss.detach())
+            if policy_loss is None:
+                weight = clipped_ratio_weight(
+                    log_probs, old_log_probs, advantages, self.epsilon_low, self.epsilon_high
+                )
+            else:
+                weight = policy_loss.weight(out.stats, advantages, args)
+            weight = weight if factor is None else weight * factor
+            self._add_weight_map(generator_log_probs, log_probs, advantages, rows.mask, weight)
+        if policy_loss is not None:
+            self._log_loss_metrics(policy_loss, out.stats, rows.mask, out.per_token_loss.detach())
         return loss
+
+    def _rollout_correction(self, proximal_log_probs, generator_log_probs, advantages, mask) -> torch.Tensor:
+        """The correction weight (B, T) of one micro-batch; its diagnostics join the optimizer step's window, which
+        the step's last micro-batch closes: summed over ranks (every rank reaches it), logged as `offpolicy/*`."""
+        args = self.args
+        weight, changed, log_ratio = rollout_correction_weight(
+            proximal_log_probs,
+            generator_log_probs,
+            mask,
+            args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max,
+        )
+        sums = correction_sums(weight, changed, log_ratio, advantages, mask)
+        self._correction_window = sums if self._correction_window is None else self._correction_window + sums
+        if self.accelerator.sync_gradients:
+            totals = self.accelerator.reduce(self._correction_window.to(self.accelerator.device), reduction="sum")
+            for name, value in correction_metrics(totals.tolist()).items():
+                self._metrics["train"][name].append(value)
+            self._correction_window = None
+        return weight.to(proximal_log_probs.dtype)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self._weight_map is not None and self.model.training:
             self._log_weight_map()
+        metrics = self._metrics["train"]
+        for trl_name, name in STALENESS_ALIASES.items():
+            if metrics.get(trl_name):
+                metrics[name] = list(metrics[trl_name])
         super().log(logs, start_time)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from trl_aspo.algorithms.policy_losses import PolicyLoss, get_policy_loss
+from trl_aspo.algorithms.rollout_correction import correction_metrics, correction_sums, rollout_correction_weight
 from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss, log_loss_metrics
 from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
 
@@ -155,6 +156,28 @@ class GRPOLossMixin(WeightMapMixin):
             metrics["aspo/kl_coef"].append(self._aspo_kl_coef)
         if mode == "train" and self.args.aspo_adaptive_kl_beta is not None:
             self._update_adaptive_kl(totals[0], tokens)
+
+    def _log_rollout_correction(self, output) -> None:
+        """TRL's vLLM importance-sampling correction of a training round (`importance_sampling_ratio`, the weight of
+        `c = f(pi_old / pi_vllm)` that multiplies every loss), as the `offpolicy/*` diagnostics AsyncASPOTrainer logs
+        for its decoupled mode: the weight's mean and effective sample size, the share of tokens truncated or masked
+        by the sign of the final advantage, and the mean |log(pi_old / pi_vllm)|, over the round and every rank."""
+        if "importance_sampling_ratio" not in output:
+            return
+        mask = action_mask(output)
+        _, changed, log_ratio = rollout_correction_weight(
+            output["old_per_token_logps"],
+            output["sampling_per_token_logps"],
+            mask,
+            self.vllm_importance_sampling_mode,
+            self.args.vllm_importance_sampling_clip_min,
+            self.args.vllm_importance_sampling_clip_max,
+        )
+        weight = output["importance_sampling_ratio"].expand(mask.shape)
+        sums = correction_sums(weight, changed, log_ratio, output["advantages"], mask)
+        totals = self.accelerator.reduce(sums.to(self.accelerator.device), reduction="sum").tolist()
+        for name, value in correction_metrics(totals).items():
+            self._metrics["train"][name].append(value)
 
     def _update_adaptive_kl(self, entropy_sum: float, token_count: float) -> None:
         """Raise the KL coefficient for the next optimizer step while the step's mean entropy is below target."""

@@ -74,7 +74,8 @@ def run(out_dir: str, label: str, overrides: dict) -> None:
     trainer.add_callback(GradientRecorder())
     trainer.train()
     rank = trainer.accelerator.process_index
-    torch.save({"gradients": gradients, "shares": shares}, f"{out_dir}/{label}-rank{rank}.pt")
+    metrics = {key: value for log in trainer.state.log_history for key, value in log.items() if "offpolicy/" in key}
+    torch.save({"gradients": gradients, "shares": shares, "metrics": metrics}, f"{out_dir}/{label}-rank{rank}.pt")
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()  # gloo can abort a process at exit when its group is left alive
 

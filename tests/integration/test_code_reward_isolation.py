@@ -35,6 +35,7 @@ def _program(source: str) -> str:
 def without_namespaces(monkeypatch):
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: False)
     monkeypatch.setattr(probes, "_warned", [], raising=False)
+    monkeypatch.setenv("TRL_ASPO_ALLOW_UNCONFINED_ROOT", "1")  # where `nobody` cannot run the interpreter
 
 
 def test_without_namespaces_one_warning_names_what_is_not_isolated(without_namespaces):
@@ -44,13 +45,15 @@ def test_without_namespaces_one_warning_names_what_is_not_isolated(without_names
         assert code_unit_test_reward([ADD], TESTS, timeout=10.0) == [1.0]
     messages = [str(warning.message) for warning in caught if warning.category is RuntimeWarning]
     assert len(messages) == 1  # once per process, not per call
-    assert "namespaces: no network, PID and user namespace" in messages[0]
+    assert "namespaces: no user, mount, network, PID and IPC namespace" in messages[0]
     for consequence in ("127.0.0.1", "sees every process", "setsid"):
         assert consequence in messages[0]
 
 
 def test_require_isolation_refuses_without_namespaces(without_namespaces):
-    with pytest.raises(RuntimeError, match=r"require_isolation=True .* namespaces: no network, PID and user"):
+    with pytest.raises(
+        RuntimeError, match=r"require_isolation=True .* namespaces: no user, mount, network, PID and IPC"
+    ):
         code_unit_test_reward([ADD], TESTS, timeout=10.0, require_isolation=True)
 
 

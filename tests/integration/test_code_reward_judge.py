@@ -127,6 +127,7 @@ def test_no_code_in_a_wrong_solution_makes_it_pass(forgery, namespaces, monkeypa
     if namespaces and not probes.sandbox_isolates_network():
         pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
+    monkeypatch.setenv("TRL_ASPO_ALLOW_UNCONFINED_ROOT", "1")  # where `nobody` cannot run the interpreter
     programs = [_program(FORGERIES[forgery]), _program(ADD)]
     assert code_unit_test_reward(programs, [TESTS] * 2, timeout=10.0) == [0.0, 1.0]
 
@@ -138,6 +139,7 @@ def test_the_forgery_s_reader_child_really_runs(namespaces, monkeypatch):
     if namespaces and not probes.sandbox_isolates_network():
         pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
+    monkeypatch.setenv("TRL_ASPO_ALLOW_UNCONFINED_ROOT", "1")  # where `nobody` cannot run the interpreter
     source = (
         "import os, re, subprocess, sys\n" + _START_READER + "\nreader_ran = out is not None and out.returncode == 0\n"
     )

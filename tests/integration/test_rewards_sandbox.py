@@ -347,6 +347,7 @@ def test_grandchildren_are_killed_on_timeout(monkeypatch, namespaces):
     if namespaces and not probes.sandbox_isolates_network():
         pytest.skip("unprivileged user namespaces (unshare) do not work on this machine")
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: namespaces)
+    monkeypatch.setenv("TRL_ASPO_ALLOW_UNCONFINED_ROOT", "1")  # where `nobody` cannot run the interpreter
     child, token = _sleeper(detach=False)
     started = time.monotonic()
     rewards_, ran = _reward_while_watching(
@@ -377,8 +378,9 @@ def test_a_detached_grandchild_dies_with_the_sandbox():
 
 
 def test_the_program_writes_nothing_outside_its_directory(tmp_path, shared_tmp):
-    """Namespaces: every mount but the program's directory is read-only to it, and it holds no capability to change
-    that (issue 25: it could rewrite the interpreter's files, or its cgroup's limits, as the trainer's user)."""
+    """Namespaces: the program's view is read-only but its directory and its own /dev/shm (issue 31: both private
+    tmpfs that end with it), and it holds no capability to change that (issue 25: it could rewrite the
+    interpreter's files, or its cgroup's limits, as the trainer's user). Nothing it writes reaches the machine."""
     if not probes.sandbox_isolates_network():
         pytest.skip("without namespaces the program writes what its user may (documented)")
     import sysconfig
@@ -396,7 +398,9 @@ def test_the_program_writes_nothing_outside_its_directory(tmp_path, shared_tmp):
         remounted = subprocess.run(["mount", "-o", "remount,rw", "/"], capture_output=True).returncode == 0
     """
     try:
-        assert code_unit_test_reward([_program(source)], [["assert wrote == [] and not remounted"]]) == [1.0]
+        tests = [["assert wrote == ['/dev/shm/x'] and not remounted"]]
+        assert code_unit_test_reward([_program(source)], tests) == [1.0]
+        assert not any(Path(target).exists() for target in targets)
     finally:
         for target in targets:
             Path(target).unlink(missing_ok=True)
@@ -460,6 +464,7 @@ def test_without_namespaces_the_rest_of_the_sandbox_still_holds(tmp_path, monkey
     """Machines where `unshare` does not work unprivileged: no failure, and the harness, the fresh directory, the
     minimal environment and the limits still apply."""
     monkeypatch.setattr(probes, "sandbox_isolates_network", lambda: False)
+    monkeypatch.setenv("TRL_ASPO_ALLOW_UNCONFINED_ROOT", "1")  # where `nobody` cannot run the interpreter
     monkeypatch.setenv("ASPO_TEST_SECRET_API_KEY", "sk-do-not-leak")
     monkeypatch.chdir(tmp_path)
     probe = "import os, resource\nenv = dict(os.environ)\nhere = os.getcwd()\n"

@@ -1,7 +1,9 @@
-"""What the code reward's sandbox can isolate on this machine, probed once per process: namespaces (`unshare`), a
-user other than the trainer's (`nobody`, when the trainer is root) and a cgroup holding the whole program's process
-count and memory (v2 `pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies). The warning of what is not
-isolated, the refusal `require_isolation` asks for, and the per-run cgroup live here too."""
+"""What the code reward's sandbox can isolate on this machine, probed once per process: namespaces (`unshare`: user,
+mount with a file system of the worker's own, PID, network, IPC and UTS), a user other than the trainer's (`nobody`,
+when the trainer is root) and a cgroup holding the whole program's process count and memory (v2
+`pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies). The warning of what is not isolated, the
+refusals (`require_isolation`; a root trainer without namespaces or another user unless `allow_unconfined_root`), the
+per-run cgroup and the removal of the worker's folder (`remove_tree`) live here too."""
 
 from __future__ import annotations
 
@@ -11,34 +13,47 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 NOBODY = 65534
-# The worker starts as root of its own user namespace, makes every mount read-only but its directory and then
-# drops every capability for good (sandbox.py `_confine`): it cannot write files, unmount the fresh /proc to reveal
-# the trainer's processes, or remount.
-NAMESPACES = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
+# The worker starts as root of its own user namespace, builds a file system of its own (a tmpfs root holding
+# read-only binds of the interpreter and the system's libraries, a fresh /proc, its folder) and then drops every
+# capability for good (sandbox.py `_confine`): it sees none of the trainer's files, writes only its folder and
+# /dev/shm (both private tmpfs that end with it), and cannot unmount, remount or mount.
+NAMESPACES = [
+    "unshare", "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+    "--mount-proc",
+]  # fmt: skip
 PIECES = ("namespaces", "cgroup", "user")
 # Read once at import: a program that rewrites the package's files cannot change what later runs execute.
 SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
-# Exits 0 only where the confinement works and 127.0.0.1 is unreachable (an empty network namespace).
-_NETWORK_PROBE = [sys.executable, "-I", "-c", SANDBOX_SOURCE, "probe"]
+# The opt-in to run model code as root with neither namespaces nor another user (issue 31 item 2), for a run that
+# cannot pass the keyword (the train command's reward_funcs are import paths).
+ALLOW_UNCONFINED_ROOT_ENV = "TRL_ASPO_ALLOW_UNCONFINED_ROOT"
 _CONSEQUENCES = {
-    "namespaces": "no network, PID and user namespace (`unshare` does not work here): the program can connect to the "
-    "trainer's 127.0.0.1 sockets, sees every process on the machine, can signal those of its user, and a child "
-    "that calls setsid outlives the reward unless a cgroup holds it",
+    "namespaces": "no user, mount, network, PID and IPC namespace (`unshare` does not work here): the program sees "
+    "and reads every file its user can, can connect to the trainer's 127.0.0.1 and Unix sockets, sees every process "
+    "on the machine, can signal those of its user, shares SysV IPC objects with the machine, and a child that calls "
+    "setsid outlives the reward unless a cgroup holds it",
     "cgroup": "no cgroup ({reason}): max_processes is RLIMIT_NPROC (counted per user, not enforced for root) and "
     "memory_limit_mb is RLIMIT_AS per process, so several processes together can exceed it",
-    "user": "the program runs as the trainer's user (uid {uid}): it can read every file that user can{more}",
+    "user": "the program runs as the trainer's user (uid {uid}){more}",
 }
+_USER_IN_NAMESPACES = (
+    " outside its user namespace: it has no capability and sees only its own file system (the interpreter, the "
+    "system's libraries, its folder), but per-user limits (RLIMIT_NPROC) do not hold it"
+)
 _USER_WITHOUT_NAMESPACES = (
-    ", write them, signal that user's processes, and ptrace or write the trainer's memory where "
-    "kernel.yama.ptrace_scope is 0 (then a failing solution can be made to pass)"
+    ": it can read every file that user can, write them, signal that user's processes, and ptrace or write the "
+    "trainer's memory where kernel.yama.ptrace_scope is 0 (then a failing solution can be made to pass)"
 )
 _warned: list[str] = []
 
@@ -53,14 +68,16 @@ def sandbox_user() -> int | None:
 def _nobody_runs(namespaces: bool) -> bool:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return False
-    command = [*NAMESPACES, *_NETWORK_PROBE] if namespaces else [sys.executable, "-I", "-c", "pass"]
-    return _runs(launch_command(command, [], NOBODY))
+    if namespaces:
+        return _confinement_probe(NOBODY)
+    return _runs(launch_command([sys.executable, "-I", "-c", "pass"], [], NOBODY))
 
 
 @functools.cache
 def sandbox_isolates_network() -> bool:
-    """Whether `unshare` gives the program a user, network, PID and mount namespace (probed once per process): then
-    programs run without network, in their own PID namespace."""
+    """Whether `unshare` gives the program a user, mount, network, PID and IPC namespace and the file system of its
+    own works (probed once per process): then programs run without network, in their own PID namespace, seeing none
+    of the trainer's files."""
     return _namespaces_work(None)
 
 
@@ -68,7 +85,25 @@ def sandbox_isolates_network() -> bool:
 def _namespaces_work(user: int | None) -> bool:
     if shutil.which("unshare") is None:
         return False
-    return _runs(launch_command([*NAMESPACES, *_NETWORK_PROBE], [], user))
+    return _confinement_probe(user)
+
+
+def _confinement_probe(user: int | None) -> bool:
+    """Whether the worker's confinement works (sandbox.py `_probe`): run in a fresh folder, it must see that folder
+    empty, a file of the trainer's beside it not at all, and no network."""
+    folder = tempfile.mkdtemp(prefix="aspo-probe-")
+    try:
+        work, secret = Path(folder, "work"), Path(folder, "secret")
+        work.mkdir()
+        secret.write_text("")
+        (work / "visible").write_text("")
+        if user is not None:
+            os.chown(folder, user, user)
+            os.chown(work, user, user)
+        command = [*NAMESPACES, sys.executable, "-I", "-c", SANDBOX_SOURCE, "probe", str(secret)]
+        return _runs(launch_command(command, [], user), cwd=str(work))
+    finally:
+        remove_tree(folder)
 
 
 # Joins each cgroup given (its own pid into their cgroup.procs) before anything else runs, then execs the command
@@ -91,10 +126,15 @@ def launch_command(command: list[str], cgroup_procs: list[str], user: int | None
     return command
 
 
-def _runs(command: list[str]) -> bool:
+def _runs(command: list[str], cwd: str | None = None) -> bool:
     try:
         result = subprocess.run(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            cwd=cwd,
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -278,7 +318,7 @@ def missing_isolation() -> dict[str, str]:
     if not isinstance(cgroup, CgroupParents):
         missing["cgroup"] = _CONSEQUENCES["cgroup"].format(reason=cgroup)
     if sandbox_user() is None:
-        more = "" if sandbox_isolates_network() else _USER_WITHOUT_NAMESPACES
+        more = _USER_IN_NAMESPACES if sandbox_isolates_network() else _USER_WITHOUT_NAMESPACES
         missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid(), more=more)
     return missing
 
@@ -300,9 +340,16 @@ def required_pieces(require_isolation) -> set[str]:
     return pieces
 
 
-def check_isolation(require_isolation) -> None:
-    """Refuse (RuntimeError naming the missing pieces) when a required piece is missing; else warn once per process
-    about every missing piece."""
+def unconfined_root_allowed(allow_unconfined_root: bool = False) -> bool:
+    """Whether running model code as root without namespaces or another user was asked for: the keyword, or the
+    environment variable `ALLOW_UNCONFINED_ROOT_ENV` set to 1."""
+    return allow_unconfined_root is True or os.environ.get(ALLOW_UNCONFINED_ROOT_ENV) == "1"
+
+
+def check_isolation(require_isolation, allow_unconfined_root: bool = False) -> None:
+    """Refuse (RuntimeError naming the missing pieces) when a required piece is missing, and when the program would
+    run as root with neither namespaces nor another user unless `allow_unconfined_root` (or the environment
+    variable) asks for it; else warn once per process about every missing piece."""
     missing = missing_isolation()
     refused = {piece: why for piece, why in missing.items() if piece in required_pieces(require_isolation)}
     if refused:
@@ -310,6 +357,19 @@ def check_isolation(require_isolation) -> None:
         raise RuntimeError(
             f"code_unit_test_reward: require_isolation={require_isolation!r} but this machine does not isolate the "
             f"program: {details}. Run where these work or pass require_isolation=False to accept it."
+        )
+    if (
+        os.geteuid() == 0
+        and {"namespaces", "user"} <= set(missing)
+        and not unconfined_root_allowed(allow_unconfined_root)
+    ):
+        raise RuntimeError(
+            "code_unit_test_reward would run model code as root with no confinement: "
+            f"namespaces: {missing['namespaces']}; and no other user (`nobody` cannot run this interpreter, or "
+            "setpriv is missing). As root the program holds CAP_SYS_PTRACE: it can take the judge's descriptors "
+            "(pidfd_getfd) and ptrace it, so a failing solution can be made to pass, and it can read and write "
+            "every file. Run where `unshare --user` works, or pass allow_unconfined_root=True to "
+            f"code_unit_test_reward (or set {ALLOW_UNCONFINED_ROOT_ENV}=1 for a run that cannot pass it) to accept it."
         )
     unseen = [piece for piece in missing if piece not in _warned]
     if unseen:
@@ -321,3 +381,100 @@ def check_isolation(require_isolation) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+# Removing the worker's folder -----------------------------------------------------------------------------------
+
+_DESCEND_AT_MOST = 64  # directory levels held open at once; deeper ones are moved up first
+_OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def remove_tree(path: str) -> bool:
+    """Remove the directory `path` and everything in it; True when it is gone. Never raises and never recurses: a
+    tree of any depth (2,000 levels broke `shutil.rmtree`, recursive in Python 3.11, with RecursionError), names
+    past PATH_MAX, directories without permissions (made writable first) and symbolic links (removed, never
+    followed). Every step is relative to a directory descriptor held open (at most `_DESCEND_AT_MOST` at once: a
+    deeper directory is first moved up to `path` under a fresh name), so a process still running cannot redirect it
+    outside `path`."""
+    try:
+        top = os.open(path, _OPEN_DIRECTORY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        _empty(top)
+    except Exception:  # noqa: BLE001 -- whatever is left is reported by the rmdir below
+        pass
+    finally:
+        os.close(top)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def _empty(top: int) -> None:
+    """Remove everything inside the directory open as `top`, iteratively: a stack of (descriptor, names left), where
+    a name marked ("rmdir", name) is a subdirectory already emptied (or as far as it would go)."""
+    stack: list[tuple[int, deque]] = [(top, deque(os.listdir(top)))]
+    moved = 0
+    while stack:
+        directory, names = stack[-1]
+        if not names:
+            stack.pop()
+            if directory != top:
+                os.close(directory)
+            continue
+        name = names.popleft()
+        if isinstance(name, tuple):
+            with contextlib.suppress(OSError):
+                os.rmdir(name[1], dir_fd=directory)
+            continue
+        try:
+            mode = os.lstat(name, dir_fd=directory).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISDIR(mode):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=directory)
+            continue
+        if len(stack) >= _DESCEND_AT_MOST:  # moved up, and emptied later from `top`
+            moved += 1
+            fresh = f".aspo-deep-{moved}-{secrets.token_hex(4)}"
+            with contextlib.suppress(OSError):
+                os.rename(name, fresh, src_dir_fd=directory, dst_dir_fd=top)
+                stack[0][1].append(fresh)
+            continue
+        child = _open_child(directory, name)
+        if child is None:
+            continue
+        try:
+            inside = deque(os.listdir(child))
+        except OSError:
+            os.close(child)
+            continue
+        names.appendleft(("rmdir", name))
+        stack.append((child, inside))
+
+
+def _open_child(directory: int, name: str) -> int | None:
+    """The subdirectory `name` of `directory` opened (not followed if it is a link), or, when it is already empty,
+    removed (then None); made searchable first when its permissions refuse."""
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=directory)
+        return None
+    for attempt in range(2):
+        try:
+            return os.open(name, _OPEN_DIRECTORY, dir_fd=directory)
+        except PermissionError:
+            if attempt:
+                return None
+            with contextlib.suppress(OSError):
+                os.chmod(name, 0o700, dir_fd=directory, follow_symlinks=False)
+        except OSError:
+            return None
+    return None

@@ -10,13 +10,13 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 
 import trl_aspo.evaluation.isolation as isolation  # as a module: not through the package, which imports this one
@@ -44,6 +44,8 @@ def code_unit_test_reward(
     file_size_limit_mb: int = 64,
     max_processes: int = 64,
     require_isolation=False,
+    allow_unconfined_root: bool = False,
+    prompts=None,
     **kwargs,
 ) -> list[float]:
     """1.0 when the completion's last ```python block passes its row's `tests` to the end, else 0.0.
@@ -69,39 +71,72 @@ def code_unit_test_reward(
     solution-defined classes (other than as tuples, dicts or numbers they subclass), that pass functions or other
     non-data arguments, that expect an argument mutated in place, or that read solution globals changed by calls.
 
-    **Isolation.** The worker runs as `python -I` in a fresh temporary directory (removed afterwards) with a minimal
-    environment (PATH, HOME and TMPDIR in that directory, LANG, one-thread BLAS), its only descriptor beyond
-    /dev/null being its socket to the judge, in a session of its own, under RLIMIT_AS `memory_limit_mb`, RLIMIT_CPU
-    `timeout` + 1 s, RLIMIT_FSIZE `file_size_limit_mb`, RLIMIT_CORE 0 and RLIMIT_NOFILE 256. Where this machine
-    gives them (probed once; `trl_aspo.evaluation.isolation`): a user, network, PID and mount namespace (no
-    network, not even the trainer's loopback; PID 1 of its own namespace with a fresh /proc, every process it
-    started dying with it; every mount read-only but its directory, and no capability left to unmount or remount);
-    a cgroup created per run holding the whole program to `max_processes` processes and `memory_limit_mb` of memory
-    (v2 `pids.max`/`memory.max`, or the v1 pids and memory hierarchies), whose processes are all killed after the
-    run; and, when the trainer is root, the user `nobody`. Each missing piece is named in one RuntimeWarning per
-    process: without namespaces the program can reach the trainer's 127.0.0.1 sockets and see its processes, a
-    `setsid` child outlives the reward unless a cgroup holds it, and it writes what its user may; without a cgroup
-    the limits are per process (RLIMIT_NPROC per user and not enforced for root, RLIMIT_AS per process); as the
-    trainer's own user and without namespaces, it may ptrace or write the trainer's memory where the kernel allows
-    (yama ptrace_scope 0), against which nothing above holds. `require_isolation=True` refuses to run
-    (RuntimeError) without namespaces; a list of "namespaces", "cgroup", "user" requires those. Never isolated:
-    reading the files its user may read, IPC and other kernel interfaces. Run untrusted generations inside a
-    container or VM as well. Program output is discarded unread."""
+    **Isolation.** The worker runs as `python -I` in a fresh folder with a minimal environment (PATH, HOME and TMPDIR
+    in that folder, LANG, one-thread BLAS), its only descriptor beyond /dev/null being its socket to the judge, in a
+    session of its own, under RLIMIT_AS `memory_limit_mb`, RLIMIT_CPU `timeout` + 1 s, RLIMIT_FSIZE
+    `file_size_limit_mb`, RLIMIT_CORE 0 and RLIMIT_NOFILE 256. Where this machine gives them (probed once;
+    `trl_aspo.evaluation.isolation`): a user, mount, network, PID, IPC and UTS namespace, in which the worker sees a
+    file system of its own (the interpreter's prefixes and the system's /usr read-only, a fresh read-only /proc,
+    its folder and /dev/shm as private tmpfs of at most `memory_limit_mb`; none of the trainer's files or Unix
+    sockets), has no network, is PID 1 with every process it starts dying with it, shares no SysV IPC object with
+    the machine, and keeps no capability; a cgroup created per run holding the whole program to `max_processes`
+    processes and `memory_limit_mb` of memory, whose processes are all killed after the run; and, when the trainer
+    is root, the user `nobody`. Each missing piece is named in one RuntimeWarning per process.
+    `require_isolation=True` refuses to run (RuntimeError) without namespaces; a list of "namespaces", "cgroup",
+    "user" requires those. A root trainer whose program would run as root with neither namespaces nor `nobody` is
+    refused unless `allow_unconfined_root=True` (or the environment variable TRL_ASPO_ALLOW_UNCONFINED_ROOT=1):
+    such a program can ptrace the judge. Run untrusted generations inside a container or VM as well. Program output
+    is discarded unread.
+
+    **Never stops the run.** Whatever a completion does, its reward is a number: an exception of its run (a folder
+    it left that cannot be removed, a resource it exhausted) scores 0.0 with a RuntimeWarning naming it, and its
+    folder is removed without recursion (any depth). Only arguments that are wrong for every row (the tests'
+    layout, the isolation refusals) raise.
+
+    **Fidelity** (docs/code_reward.md). The solution runs as a module named `solution` (so an
+    `if __name__ == "__main__":` block does not run); a result that is not data (a generator, a map, an instance)
+    reaches the tests as an object whose iteration and truth value happen in the worker; deque, range, dict views,
+    datetime values, OrderedDict, Counter and defaultdict cross as themselves. With `prompts` (TRL passes them),
+    the functions a row's prompt defines in full (HumanEval's `encode_cyclic`) are the prompt's in the tests, not
+    the solution's redefinition (`prompt_helpers`)."""
     rows = _test_rows(tests)
     entry_points = _entry_points(entry_point, len(rows))
     for index, (code, entry) in enumerate(zip(rows, entry_points, strict=True)):
         _check_tests_call_their_check(code, entry, index)
-    isolation.check_isolation(require_isolation)
+    prompt_rows = [None] * len(rows) if prompts is None else list(prompts)
+    isolation.check_isolation(require_isolation, allow_unconfined_root)
+    options = {
+        "memory_limit_mb": memory_limit_mb,
+        "file_size_limit_mb": file_size_limit_mb,
+        "max_processes": max_processes,
+        "allow_unconfined_root": allow_unconfined_root,
+    }
     rewards = []
-    for completion, code, entry in zip(completions, rows, entry_points, strict=True):
+    for index, (completion, code, entry, prompt) in enumerate(
+        zip(completions, rows, entry_points, prompt_rows, strict=True)
+    ):
+        rewards.append(_one_reward(index, completion, code, entry, prompt, timeout, options))
+    return rewards
+
+
+def _one_reward(index: int, completion, code: str, entry: str | None, prompt, timeout: float, options: dict) -> float:
+    """One completion's reward. Nothing a completion causes raises out of here: any exception (a folder it made
+    that cannot be removed, a resource it exhausted) scores 0.0 with a RuntimeWarning naming it, so one completion
+    never stops the run."""
+    try:
         solution = _last_python_block(completion)
         if solution is None:
-            rewards.append(0.0)
-            continue
-        limits = {"memory_limit_mb": memory_limit_mb, "file_size_limit_mb": file_size_limit_mb}
-        passed = run_unit_tests(solution, code, timeout, entry, max_processes=max_processes, **limits)
-        rewards.append(1.0 if passed else 0.0)
-    return rewards
+            return 0.0
+        helpers = prompt_helpers(prompt, entry)
+        return 1.0 if run_unit_tests(solution, code, timeout, entry, helpers=helpers, **options) else 0.0
+    except Exception as error:  # noqa: BLE001 -- one completion must not stop the run
+        warnings.warn(
+            f"code_unit_test_reward: completion {index} scored 0.0 because its run failed: "
+            f"{type(error).__name__}: {error!s:.300}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return 0.0
 
 
 def _test_rows(tests) -> list[str]:
@@ -161,6 +196,80 @@ def _check_tests_call_their_check(code: str, entry_point: str | None, index: int
         )
 
 
+_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def prompt_helpers(prompt, entry_point: str | None = None) -> str:
+    """The functions a row's prompt defines in full (HumanEval/38's `encode_cyclic`, /32's `poly`), with the
+    prompt's imports, as source the judge runs before the tests: the tests then call the prompt's helper, not a
+    redefinition in the solution (a wrong `encode_cyclic`/`decode_cyclic` pair passed otherwise). A function whose
+    body is only a docstring, `pass`, `...` or `raise NotImplementedError` is the one to write, and so is
+    `entry_point`: neither is taken. The prompt is a string or chat messages; its code is the whole text where it
+    parses as Python, else its code blocks."""
+    sources = []
+    for text in _prompt_texts(prompt):
+        trees = (
+            [_parsed(text)] if _parsed(text) is not None else [_parsed(block) for block in _CODE_BLOCK.findall(text)]
+        )
+        for tree in filter(None, trees):
+            kept = [node for node in tree.body if _is_import(node) or _is_helper(node, entry_point)]
+            sources.extend(ast.unparse(node) for node in kept)
+    return "\n".join(sources)
+
+
+def _prompt_texts(prompt) -> list[str]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        return [
+            message["content"]
+            for message in prompt
+            if isinstance(message, dict) and isinstance(message.get("content"), str)
+        ]
+    return []
+
+
+def _parsed(text: str):
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _is_import(node) -> bool:
+    return isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level)
+
+
+def _is_helper(node, entry_point: str | None) -> bool:
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name == entry_point:
+        return False
+    body = node.body[1:] if node.body and _is_docstring(node.body[0]) else node.body
+    return any(not _is_stub_statement(statement) for statement in body)
+
+
+def _is_docstring(statement) -> bool:
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
+
+
+def _is_stub_statement(statement) -> bool:
+    if isinstance(statement, ast.Pass):
+        return True
+    if (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and statement.value.value is Ellipsis
+    ):
+        return True
+    if isinstance(statement, ast.Raise) and statement.exc is not None:
+        raised = statement.exc.func if isinstance(statement.exc, ast.Call) else statement.exc
+        return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+    return False
+
+
 def run_unit_tests(
     solution: str,
     tests: str,
@@ -170,9 +279,12 @@ def run_unit_tests(
     file_size_limit_mb: int = 64,
     max_processes: int = 64,
     require_isolation=False,
+    allow_unconfined_root: bool = False,
+    helpers: str = "",
 ) -> bool:
-    """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward`."""
-    isolation.check_isolation(require_isolation)
+    """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward`
+    (`helpers`: source the judge runs before the tests, `prompt_helpers`)."""
+    isolation.check_isolation(require_isolation, allow_unconfined_root)
     namespaces, user = isolation.sandbox_isolates_network(), isolation.sandbox_user()
     parents = isolation.sandbox_cgroup()
     limits = {
@@ -188,9 +300,9 @@ def run_unit_tests(
     judge_limits = {name: limits[name] for name in ("RLIMIT_AS", "RLIMIT_CORE")}
     with contextlib.ExitStack() as stack:
         workdir = tempfile.mkdtemp(prefix="aspo-unit-test-")
-        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        stack.callback(_remove_folder, workdir)
         judge_dir = tempfile.mkdtemp(prefix="aspo-unit-judge-")
-        stack.callback(shutil.rmtree, judge_dir, ignore_errors=True)
+        stack.callback(_remove_folder, judge_dir)
         if user is not None:
             os.chown(workdir, user, user)
         cgroup = None
@@ -202,6 +314,7 @@ def run_unit_tests(
         verdict_trainer, verdict_judge = _socket_pair(stack)
         judge_payload = {
             "tests": tests,
+            "helpers": helpers,
             "entry_point": entry_point,
             "timeout": timeout,
             "limits": judge_limits,
@@ -216,7 +329,7 @@ def run_unit_tests(
         # ready (not dumpable): until then the worker runs nothing but this source, blocked on its stdin.
         feed, worker_stdin = _socket_pair(stack)
         command = [*(isolation.NAMESPACES if namespaces else []), sys.executable, "-I", "-c", isolation.SANDBOX_SOURCE]
-        role = ["worker", "confine"] if namespaces else ["worker"]
+        role = ["worker", "confine", str(memory_limit_mb)] if namespaces else ["worker"]
         command = isolation.launch_command([*command, *role], cgroup.procs_files if cgroup else [], user)
         worker = _spawn(stack, command, worker_stdin, workdir, (channel_worker,))
         for end in (worker_stdin, channel_worker, channel_judge):
@@ -229,6 +342,12 @@ def run_unit_tests(
         _wait_then_kill_group(judge, timeout)
         _kill_group(worker, cgroup)
         return judge.returncode == 0 and _read_verdict(verdict_trainer) == sandbox.PASS
+
+
+def _remove_folder(path: str) -> None:
+    """Remove a run's folder (`isolation.remove_tree`, which never raises); a RuntimeWarning names what is left."""
+    if not isolation.remove_tree(path):
+        warnings.warn(f"code_unit_test_reward: could not remove {path} entirely", RuntimeWarning, stacklevel=2)
 
 
 def _socket_pair(stack: contextlib.ExitStack) -> tuple[socket.socket, socket.socket]:

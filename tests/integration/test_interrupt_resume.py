@@ -7,22 +7,24 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from helpers import REPO_ROOT
 
 CLI = [sys.executable, "-m", "trl_aspo.cli.main"]
 
 
-def quickstart_argv(output_dir, max_steps: int) -> list[str]:
+def quickstart_argv(output_dir, max_steps: int, config: str = "configs/quickstart.yaml") -> list[str]:
     """The quickstart config at its smallest: 2-step checkpoints, 4 held-out problems, no figure."""
     return [
         "train",
         "--config",
-        "configs/quickstart.yaml",
+        config,
         "--output_dir",
         str(output_dir),
         "--max_steps",
@@ -44,9 +46,16 @@ def cli_env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_resumes(tmp_path):
-    output_dir = tmp_path / "run"
+    """Started in one folder with a relative config and output_dir, resumed from another folder by the printed
+    command (before, its relative paths made it exit 2 there: `--config ...: no such file`)."""
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    (first / "configs").mkdir(parents=True)
+    elsewhere.mkdir()
+    shutil.copy(REPO_ROOT / "configs" / "quickstart.yaml", first / "configs" / "quickstart.yaml")
+    output_dir = first / "run"
     process = subprocess.Popen(
-        [*CLI, *quickstart_argv(output_dir, max_steps=12)],
+        [*CLI, *quickstart_argv("run", max_steps=12)],
+        cwd=first,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -73,10 +82,19 @@ def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_re
     step, checkpoint, command = int(match[1]), match[2], match[3]
     assert 2 <= step < 12 and os.path.dirname(checkpoint) == str(output_dir)
     assert re.fullmatch(r"checkpoint-\d+", os.path.basename(checkpoint)) and int(checkpoint.rsplit("-", 1)[1]) <= step
-    # The command runs as printed (this interpreter with -m trl_aspo.cli.main: the run was started that way).
-    assert shlex.split(command) == [*CLI, *quickstart_argv(output_dir, 12), "--resume_from_checkpoint", checkpoint]
+    # The command runs as printed (this interpreter with -m trl_aspo.cli.main: the run was started that way), every
+    # path absolute.
+    config = str(first / "configs" / "quickstart.yaml")
+    assert shlex.split(command) == [
+        *CLI,
+        *quickstart_argv(output_dir, 12, config=config),
+        "--resume_from_checkpoint",
+        checkpoint,
+    ]
 
-    resumed = subprocess.run(shlex.split(command), capture_output=True, text=True, env=cli_env(), timeout=600)
+    resumed = subprocess.run(
+        shlex.split(command), cwd=elsewhere, capture_output=True, text=True, env=cli_env(), timeout=600
+    )
     output = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, output[-3000:]
     assert f"Resuming from {checkpoint}." in output
@@ -84,6 +102,7 @@ def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_re
     # The tied output head is loaded through its embedding, not reported missing.
     assert "missing keys" not in output
     assert json.loads((output_dir / "checkpoint-12" / "trainer_state.json").read_text())["global_step"] == 12
+    assert not os.listdir(elsewhere)
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["before"]["num_problems"] == 4 and summary["after"]["num_problems"] == 4
 

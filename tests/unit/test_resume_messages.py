@@ -13,6 +13,7 @@ from trl_aspo.trainers.resume import (
     resolve_resume_checkpoint,
     resume_command,
     skipped_checkpoints_note,
+    with_absolute_paths,
 )
 
 
@@ -70,3 +71,46 @@ def test_a_cut_short_trainer_state_makes_a_checkpoint_incomplete(tmp_path):
         "(checkpoint-2, checkpoint-4 have an unreadable trainer_state.json; checkpoint-6 has no trainer_state.json: a "
         "run stopped while saving, or a full disk). Start afresh without resume_from_checkpoint."
     )
+
+
+def test_the_printed_resume_command_names_every_path_absolutely(tmp_path, monkeypatch):
+    """Before: only the executable was absolute, so the printed command run from another folder exited 2 (`--config
+    'configs/quickstart.yaml': no such file`) or, with the YAML's relative output_dir, resumed nothing there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRL_ASPO_RELAUNCH", raising=False)
+    (tmp_path / "outputs" / "run" / "checkpoint-4").mkdir(parents=True)
+    (tmp_path / "outputs" / "run" / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    checkpoint = str(tmp_path / "outputs" / "run" / "checkpoint-4")
+    # output_dir from the YAML: added to the command.
+    message = interrupt_message(["--config", "configs/q.yaml", "--seed", "1"], "outputs/run", 5)
+    assert message == (
+        f"Interrupted at step 5; latest checkpoint {checkpoint}. Resume with: "
+        + shlex.join(
+            [*cli_command(), "train", "--config", str(tmp_path / "configs" / "q.yaml"), "--seed", "1"]
+            + ["--output_dir", str(tmp_path / "outputs" / "run"), "--resume_from_checkpoint", checkpoint]
+        )
+    )
+    # Given on the command line, in either spelling: replaced where it stands.
+    argv = ["--config=configs/q.yaml", "--output_dir", "outputs/run", "--resume_from_checkpoint=true"]
+    assert with_absolute_paths(argv, "outputs/run") == [
+        f"--config={tmp_path / 'configs' / 'q.yaml'}",
+        "--output_dir",
+        str(tmp_path / "outputs" / "run"),
+        "--resume_from_checkpoint=true",
+    ]
+    assert with_absolute_paths(["--output_dir=./outputs/run"], "./outputs/run") == [
+        f"--output_dir={tmp_path / 'outputs' / 'run'}"
+    ]
+
+
+def test_a_launched_run_resumes_with_its_accelerate_config_named_absolutely(tmp_path, monkeypatch):
+    from trl_aspo.cli.main import launch_words
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--accelerate_config", "configs/accelerate/ddp.yaml", "--num_processes", "2", "--config", "a.yaml"]
+    assert launch_words(argv) == [
+        "--accelerate_config",
+        str(tmp_path / "configs" / "accelerate" / "ddp.yaml"),
+        "--num_processes",
+        "2",
+    ]

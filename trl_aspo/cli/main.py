@@ -54,12 +54,16 @@ def split_launch_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def launch_words(argv: list[str]) -> list[str]:
-    """The launcher flags of a `trl-aspo train` command line as the user wrote them (for the resume command)."""
+    """The launcher flags of a `trl-aspo train` command line as the user wrote them (for the resume command), the
+    `--accelerate_config` file made absolute so that the command runs from any folder."""
     words, index = [], 0
     while index < len(argv):
         if argv[index] in LAUNCH_FLAGS:
             width = 2 if LAUNCH_FLAGS[argv[index]] else 1
-            words += argv[index : index + width]
+            flag = argv[index : index + width]
+            if flag[0] == "--accelerate_config" and len(flag) == 2:
+                flag = [flag[0], os.path.abspath(flag[1])]
+            words += flag
             index += width
         else:
             index += 1

@@ -6,7 +6,8 @@
   object): one a kill or a full disk stopped while it was written is skipped, and named
   (`skipped_checkpoints_note`).
 - `interrupt_message`: the one line printed when a run is stopped with Ctrl-C, naming the checkpoint to resume from
-  and the command that does it, spelled so that it runs as printed (`cli_command`).
+  and the command that does it, spelled so that it runs as printed from any folder (`cli_command`,
+  `with_absolute_paths`).
 - `TiedWeightsCheckpointMixin`: the trainers' resume hook. `trainer.train(resume_from_checkpoint=...)` follows the
   rule above (the Python API as the CLI), refuses an asynchronous checkpoint whose `rollout_state.json` is gone
   (`missing_rollout_state`), and a model with tied input and output embeddings (the built-in models,
@@ -215,9 +216,31 @@ def resume_command(argv: list[str], checkpoint: str) -> str:
     return shlex.join([*start, *kept, "--resume_from_checkpoint", checkpoint])
 
 
+def with_absolute_paths(argv: list[str], output_dir: str) -> list[str]:
+    """`argv` (a `trl-aspo train` command line) with the `--config` file made absolute and `--output_dir` set to
+    the absolute `output_dir` the run writes (added when the YAML gave it), so that the command reads the same
+    file and continues in the same folder from any directory."""
+    words, index, has_output_dir = [], 0, False
+    while index < len(argv):
+        word = argv[index]
+        name, equals, value = word.partition("=")
+        if name in ("--config", "--output_dir") and (equals or index + 1 < len(argv)):
+            has_output_dir = has_output_dir or name == "--output_dir"
+            if not equals:
+                index += 1
+                value = argv[index]
+            given = os.path.abspath(output_dir if name == "--output_dir" else value)
+            words += [f"{name}={given}"] if equals else [name, given]
+        else:
+            words.append(word)
+        index += 1
+    return words if has_output_dir else [*words, "--output_dir", os.path.abspath(output_dir)]
+
+
 def interrupt_message(argv: list[str], output_dir: str, step: int | None) -> str:
     """The one line a Ctrl-C'd run prints: where it stopped (`step`, None before training), the checkpoint it can
-    resume from and the command that does."""
+    resume from and the command that does, with absolute paths (`with_absolute_paths`) so that it runs from any
+    folder."""
     stopped = "Interrupted" if step is None else f"Interrupted at step {step}"
     checkpoint = latest_checkpoint(output_dir)
     if checkpoint is None:
@@ -225,7 +248,9 @@ def interrupt_message(argv: list[str], output_dir: str, step: int | None) -> str
             f"{stopped}, with no checkpoint in {output_dir} to resume from (save_strategy: steps and save_steps "
             "keep some)."
         )
-    return f"{stopped}; latest checkpoint {checkpoint}. Resume with: {resume_command(argv, checkpoint)}"
+    checkpoint = os.path.abspath(checkpoint)
+    command = resume_command(with_absolute_paths(argv, output_dir), checkpoint)
+    return f"{stopped}; latest checkpoint {checkpoint}. Resume with: {command}"
 
 
 class TiedWeightsCheckpointMixin:

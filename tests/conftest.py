@@ -15,6 +15,32 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm_tier"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def field_table_folder(tmp_path_factory):
+    """The session's own field-table cache folder (trl_aspo.cli.field_cache), also for the `trl-aspo` commands the
+    tests start (they inherit the environment): no test reads or writes the user's cache."""
+    from trl_aspo.cli.field_cache import CACHE_DIR_ENV
+
+    folder = tmp_path_factory.mktemp("field_table_cache")
+    previous = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop(CACHE_DIR_ENV, None)
+    else:
+        os.environ[CACHE_DIR_ENV] = previous
+
+
+@pytest.fixture(scope="session")
+def field_table_cache(field_table_folder):
+    """The field table, built once (a few seconds) before the first test that times a command or checks that it
+    answers before torch loads; later commands read it."""
+    from trl_aspo.cli.field_cache import cache_file, field_table
+
+    field_table()
+    return cache_file()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     from trl.chat_template_utils import add_response_schema

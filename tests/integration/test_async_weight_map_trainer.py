@@ -123,7 +123,7 @@ def test_the_packed_loss_bins_every_trained_token_with_its_weight(tmp_path, toke
 @pytest.mark.slow
 def test_a_run_maps_every_trained_token_and_plot_draws_it(tmp_path, tokenizer, capsys):
     from trl_aspo import AsyncASPOTrainer
-    from trl_aspo.cli.compare import plot_main
+    from trl_aspo.cli.plot_command import plot_main
 
     trainer_class = _counting(AsyncASPOTrainer)
     trainer = _trainer(trainer_class, async_weight_map_config(tmp_path, "ppo"), tokenizer)

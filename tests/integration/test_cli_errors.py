@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT as REPO
 
+# The commands below answer from the field table before torch loads: built once, before the first of them.
+pytestmark = pytest.mark.usefixtures("field_table_cache")
+
 # Runs the command in a fresh interpreter and reports, at exit, whether torch was imported on the way.
 RUNNER = textwrap.dedent(
     """
@@ -87,8 +90,9 @@ def test_train_help_lists_trl_aspo_fields_by_method_first_with_complete_choices(
     assert lines[0] == "usage: trl-aspo train --config X.yaml [--key value ...]"
     assert "  --config FILE" in lines
     groups = [line for line in lines if line.endswith(":") and not line.startswith(" ")]
-    assert groups[1:5] == [
+    assert groups[1:6] == [
         "trl-aspo: what to train on, evaluation and trainer choice (ASPOScriptArguments):",
+        "trl-aspo: Policy loss:",
         "trl-aspo: Asymmetric IS loss:",
         "trl-aspo: Recipe options of the ASPO reference (Archer2.0):",
         "trl-aspo: Tool-position advantage shaping:",

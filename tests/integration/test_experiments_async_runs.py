@@ -7,7 +7,8 @@ import json
 import pytest
 from helpers import write_async_experiment
 
-from trl_aspo.cli.compare import compare, load_experiment
+from trl_aspo.cli.compare import compare
+from trl_aspo.cli.experiment_file import load_experiment
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import two_by_two
 
-from trl_aspo.cli.compare import apply_command_line, load_experiment
+from trl_aspo.cli.experiment_file import apply_command_line, load_experiment
 
 
 def compare_cli(*argv: str) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers import write_experiment
 
-from trl_aspo.cli.compare import load_experiment
+from trl_aspo.cli.experiment_file import load_experiment
 
 
 def test_compare_runs_variants_over_seeds_and_resumes(tmp_path, capsys):
@@ -83,8 +83,8 @@ def test_plot_reads_a_plain_trl_grpo_run(tmp_path, tiny_model, tiny_tokenizer, c
     from helpers import digit_share_reward
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_aspo.cli.compare import load_run
     from trl_aspo.cli.main import main
+    from trl_aspo.cli.plot_command import load_run
 
     run_dir = tmp_path / "grpo"
     args = GRPOConfig(

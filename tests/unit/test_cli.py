@@ -1,9 +1,8 @@
-"""YAML configuration through TrlParser conventions, the `trl-aspo` command's argument handling, and the field table
-the command checks against before torch loads."""
+"""YAML configuration through TrlParser conventions and the `trl-aspo` command's argument handling (the field table
+it checks against before torch loads: tests/unit/test_field_cache.py)."""
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
@@ -103,12 +102,3 @@ def test_dotted_paths_do_not_let_the_working_directory_shadow_installed_modules(
     assert sys.modules["colorsys"].__file__ == colorsys.__file__
     assert resolve_callable("my_rewards.reward", {}, "reward_funcs entry")(["a", "b"]) == [1.0, 1.0]
     monkeypatch.delitem(sys.modules, "my_rewards")
-
-
-def test_field_table_is_generated_from_the_dataclasses():
-    """train_fields.json (help and checks without torch) is what the dataclasses and the parser say now."""
-    from trl_aspo.cli.arguments import FIELD_TABLE, build_field_table
-
-    assert json.loads(FIELD_TABLE.read_text()) == json.loads(json.dumps(build_field_table(), ensure_ascii=False)), (
-        "run `python -m trl_aspo.cli.arguments --write`"
-    )

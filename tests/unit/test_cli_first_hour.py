@@ -21,21 +21,17 @@ from pathlib import Path
 import pytest
 from helpers import REPO_ROOT, two_by_two
 
-from trl_aspo.cli.arguments import (
-    ALIAS_EXPANSION_LIMIT,
-    BUILTIN_DATASET_NAMES,
-    BUILTIN_REWARD_NAMES,
-    BUILTIN_TOOL_NAMES,
-    SHOWN_CHARACTERS,
-    ConfigurationError,
-    check_command_line,
-    existing_checkpoints_warning,
-    load_yaml,
-    read_config,
-    shown,
-)
-from trl_aspo.cli.compare import apply_command_line, finished_summary, load_experiment, parse_override, write_json
+from trl_aspo.cli.command_line import check_command_line
+from trl_aspo.cli.compare import finished_summary, write_json
+from trl_aspo.cli.config_errors import SHOWN_CHARACTERS, ConfigurationError, shown
+from trl_aspo.cli.experiment_file import apply_command_line, load_experiment, parse_override
+from trl_aspo.cli.run_checks import existing_checkpoints_warning
+from trl_aspo.cli.value_checks import BUILTIN_DATASET_NAMES, BUILTIN_REWARD_NAMES, BUILTIN_TOOL_NAMES
+from trl_aspo.cli.yaml_loading import ALIAS_EXPANSION_LIMIT, load_yaml, read_config
 from trl_aspo.trainers.resume import resolve_resume_checkpoint, resume_command, skipped_checkpoints_note
+
+# The commands below answer from the field table before torch loads: built once, before the first of them.
+pytestmark = pytest.mark.usefixtures("field_table_cache")
 
 SMOKE = str(REPO_ROOT / "configs" / "smoke.yaml")
 # Runs the command in a fresh interpreter and reports, at exit, whether torch was imported on the way.
@@ -335,7 +331,7 @@ def test_a_report_to_integration_that_is_not_installed_is_named_with_its_package
         f"trl-aspo train: report_to: 'tensorboard' needs the package 'tensorboard', which is not installed: "
         f"`{install}`, or remove it from report_to"
     )
-    from trl_aspo.cli.arguments import report_to_problems
+    from trl_aspo.cli.run_checks import report_to_problems
 
     assert report_to_problems(["none"]) == [] and report_to_problems("all") == []
     assert [problem.split(":")[1] for problem in report_to_problems(["trackio", "tensorbord"])] == [

@@ -8,7 +8,7 @@ import shlex
 import pytest
 from helpers import two_by_two
 
-from trl_aspo.cli.compare import apply_command_line, load_experiment, parse_override
+from trl_aspo.cli.experiment_file import apply_command_line, load_experiment, parse_override
 from trl_aspo.trainers.resume import cli_command
 
 

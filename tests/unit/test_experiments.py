@@ -9,8 +9,9 @@ import math
 import pytest
 from helpers import write_experiment
 
-from trl_aspo.cli.compare import load_experiment, mean_sd, tail_mean
+from trl_aspo.cli.experiment_file import load_experiment
 from trl_aspo.cli.plot import mean_and_spread
+from trl_aspo.cli.results_table import mean_sd, tail_mean
 
 
 @pytest.mark.parametrize(
@@ -66,8 +67,8 @@ def test_plot_never_unpickles_training_args_of_a_run_folder(tmp_path):
     `weights_only=False`; now the batch size comes from `trainer_state.json` and the pickle is never opened."""
     import torch
 
-    from trl_aspo.cli.compare import load_run
     from trl_aspo.cli.main import main
+    from trl_aspo.cli.plot_command import load_run
 
     run_dir = tmp_path / "handed_over"
     checkpoint = run_dir / "checkpoint-3"
@@ -85,7 +86,7 @@ def test_plot_never_unpickles_training_args_of_a_run_folder(tmp_path):
 
 
 def test_plot_names_a_bad_batch_size(tmp_path):
-    from trl_aspo.cli.compare import load_run
+    from trl_aspo.cli.plot_command import load_run
 
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [], "train_batch_size": "six"}))
     with pytest.raises(ValueError, match=r"trainer_state.json: train_batch_size must be a positive integer"):
@@ -126,7 +127,7 @@ def test_completions_per_step_is_not_rounded():
 
 def test_pool_weight_maps_adds_the_runs_cell_by_cell():
     """Seeds of one variant under one label: weight sums and counts add, so a cell's mean is over all their tokens."""
-    from trl_aspo.cli.compare import pool_weight_maps
+    from trl_aspo.cli.plot_command import pool_weight_maps
 
     def state(weight, count, loss_type="aspo"):
         grid = {"weight_sum": [[weight, 0.0], [0.0, 0.0]], "count": [[count, 0], [0, 1]]}
@@ -158,7 +159,7 @@ def test_plot_weights_pools_runs_with_one_label(tmp_path):
 def test_a_number_yaml_reads_as_a_string_gets_its_field_type(tmp_path):
     """YAML 1.1 reads `1e-3` (no dot) as a string; `trl-aspo train` converts it, and so must compare (it reached
     torch's optimizer as a string before)."""
-    from trl_aspo.cli.compare import apply_command_line, parse_run_config
+    from trl_aspo.cli.experiment_file import apply_command_line, parse_run_config
 
     body = """
         output_dir: o

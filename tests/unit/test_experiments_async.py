@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import write_async_experiment
 
-from trl_aspo.cli.compare import load_experiment, parse_run_config
+from trl_aspo.cli.experiment_file import load_experiment, parse_run_config
 
 
 def test_a_variant_with_a_key_the_async_trainer_lacks_is_named_before_anything_runs(tmp_path):

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from trl_aspo.algorithms.weight_map import WeightMapLog  # noqa: E402
-from trl_aspo.cli.compare import plot_main  # noqa: E402
+from trl_aspo.cli.plot_command import plot_main  # noqa: E402
 
 
 def history(steps: int = 4) -> list[dict]:
@@ -103,7 +103,7 @@ def test_plot_refuses_a_trainer_state_linked_to_dev_zero_without_reading_it(tmp_
 def test_plot_skips_checkpoint_folders_not_named_by_a_step(tmp_path, saved_figures):
     """`checkpoint-abc` is not a checkpoint transformers writes: skipped (as get_last_checkpoint skips it), and the
     latest numbered checkpoint (10, not 9: by number, not by name) is read."""
-    from trl_aspo.cli.compare import load_run
+    from trl_aspo.cli.plot_command import load_run
 
     for name, steps in (("checkpoint-abc", 7), ("checkpoint-9", 2), ("checkpoint-10", 3)):
         (tmp_path / name).mkdir()
@@ -166,7 +166,8 @@ def test_compare_names_a_truncated_or_wrong_run_summary(tmp_path, content, expec
     """A finished run's summary decides whether compare skips the run: a bad one names its file."""
     from helpers import two_by_two
 
-    from trl_aspo.cli.compare import apply_command_line, finished_summary, load_experiment
+    from trl_aspo.cli.compare import finished_summary
+    from trl_aspo.cli.experiment_file import apply_command_line, load_experiment
 
     config, _ = two_by_two(tmp_path)
     experiment = apply_command_line(load_experiment(config), seeds=[0], variants=["dapo"])
@@ -312,7 +313,8 @@ def test_heldout_tick_labels_are_distinct_on_a_narrow_range(tmp_path, saved_figu
 
 def test_a_cached_initial_evaluation_of_a_comparison_is_checked(tmp_path):
     """`compare` reuses `initial_evaluation.json`: a truncated file or an accuracy outside [0, 1] is named."""
-    from trl_aspo.cli.compare import Evaluation, evaluate_initial
+    from trl_aspo.cli.compare import evaluate_initial
+    from trl_aspo.cli.experiment_file import Evaluation
 
     experiment = type("Experiment", (), {"evaluation": Evaluation(initial=True), "output_dir": tmp_path})()
     cached = tmp_path / "initial_evaluation.json"

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from trl_aspo.cli import plot as plotting  # noqa: E402
-from trl_aspo.cli.compare import results_table  # noqa: E402
+from trl_aspo.cli.results_table import results_table  # noqa: E402
 
 
 def history(steps: int, reward_slope: float = 0.1) -> list[dict]:

@@ -146,8 +146,8 @@ def test_log_keeps_the_total_and_merges_windows_pairwise(tmp_path):
 
 
 def test_plot_weights_draws_the_runs_side_by_side(tmp_path, capsys):
-    from trl_aspo.cli.compare import WEIGHT_MAP_FILE as PLOT_FILE
-    from trl_aspo.cli.compare import plot_main
+    from trl_aspo.cli.plot_command import WEIGHT_MAP_FILE as PLOT_FILE
+    from trl_aspo.cli.plot_command import plot_main
 
     assert PLOT_FILE == WEIGHT_MAP_FILE
     for loss_type in ("dapo", "aspo"):
@@ -163,7 +163,7 @@ def test_plot_weights_draws_the_runs_side_by_side(tmp_path, capsys):
 
 
 def test_plot_weights_names_a_run_without_a_map(tmp_path, capsys):
-    from trl_aspo.cli.compare import plot_main
+    from trl_aspo.cli.plot_command import plot_main
 
     with pytest.raises(SystemExit):
         plot_main([str(tmp_path), "--weights"])
@@ -171,7 +171,7 @@ def test_plot_weights_names_a_run_without_a_map(tmp_path, capsys):
 
 
 def test_plot_weights_refuses_a_map_without_tokens(tmp_path, capsys):
-    from trl_aspo.cli.compare import plot_main
+    from trl_aspo.cli.plot_command import plot_main
 
     WeightMapLog("dapo").write(str(tmp_path))  # what an on-policy run writes: no window was added
     with pytest.raises(SystemExit):

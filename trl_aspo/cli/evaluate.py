@@ -27,7 +27,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from trl_aspo.cli.arguments import ConfigurationError, check_command_line, missing_path_problem, report
+from trl_aspo.cli.command_line import check_command_line
+from trl_aspo.cli.config_errors import ConfigurationError, report
+from trl_aspo.cli.value_checks import missing_path_problem
 
 # `trl_aspo.builtin.TINY_CALCULATOR` and `TINY_MULTICALL`, spelled out so that `--help` and the argument checks
 # import no model code.

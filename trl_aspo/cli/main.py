@@ -103,13 +103,9 @@ def cpu_launch(launch: list[str], values: dict) -> list[str]:
 
 def train(argv: list[str]) -> int:
     # Help and the configuration checks import neither torch nor TRL: they answer in a moment (see cli_config).
-    from trl_aspo.cli.arguments import (
-        ConfigurationError,
-        check_train_command_line,
-        existing_checkpoints_warning,
-        report,
-        train_help,
-    )
+    from trl_aspo.cli.config_errors import ConfigurationError, report
+    from trl_aspo.cli.run_checks import check_train_command_line, existing_checkpoints_warning
+    from trl_aspo.cli.train_help import train_help
     from trl_aspo.trainers.resume import RELAUNCH_ENV, cli_command
 
     launch, script_args = split_launch_args(argv)
@@ -117,9 +113,10 @@ def train(argv: list[str]) -> int:
         print(train_help(script_args), end="")
         return 0
     try:
-        if "--num_processes" in launch and not launch[launch.index("--num_processes") + 1].isdigit():
+        processes = launch[launch.index("--num_processes") + 1] if "--num_processes" in launch else "1"
+        if not processes.isdigit() or int(processes) < 1:
             raise ConfigurationError(
-                [f"--num_processes: {launch[launch.index('--num_processes') + 1]!r} is not a number of processes"]
+                [f"--num_processes: {processes!r} is not a number of processes; give an integer >= 1"]
             )
         _, _, values = check_train_command_line(script_args)
     except ConfigurationError as error:
@@ -192,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return compare_main(rest)
     if command == "plot":
-        from trl_aspo.cli.compare import plot_main
+        from trl_aspo.cli.plot_command import plot_main
 
         return plot_main(rest)
     parser.error(f"unknown command {command!r}; choose 'train', 'evaluate', 'values', 'compare' or 'plot'")

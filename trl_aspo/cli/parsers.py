@@ -1,7 +1,7 @@
 """What a `trl-aspo train` configuration is made of: the trainers it can pick, the dataclasses its YAML fills
 (`config_classes`, parsed by TRL's `TrlParser`), and how its names become functions and datasets
 (`resolve_callable`, `load_datasets`). Shared by the commands (`train`, `evaluate`, `compare`) and by the field table
-that `trl_aspo.cli.arguments` checks command lines against."""
+that `trl_aspo.cli.command_line` checks command lines against (`trl_aspo.cli.field_table`)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,8 @@ CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 # Held-out accuracies and shares of samples: fractions.
 FRACTION_METRICS = ("heldout/accuracy", "heldout/tool_call_rate", "zero_advantage_share")
 TRAIN_SECONDS = "train_seconds"
+# The summary `trl-aspo compare` writes last into each run's folder (so a finished run is skipped on a restart).
+SUMMARY_FILE = "run_summary.json"
 # The largest weight-map grid drawn: the trainers write 10 x 10 (WEIGHT_MAP_BINS); each cell is labelled in the figure.
 MAX_WEIGHT_MAP_BINS = 100
 
@@ -164,3 +166,14 @@ def check_weight_map(state: Any, path: Path) -> dict:
         _grid(grids.get("weight_sum"), where, f"total.{sign}.weight_sum", bins, whole=False)
         _grid(grids.get("count"), where, f"total.{sign}.count", bins, whole=True)
     return state
+
+
+def as_plot_run(summary: dict) -> dict:
+    """The `plot_comparison` run of a compare run's summary (checked on reading: `run_files.read_run_summary`)."""
+    heldout = summary.get("heldout") or {}
+    initial = summary.get("heldout_initial") or {}
+    return {
+        "history": summary["history"],
+        "completions_per_step": summary.get("completions_per_step"),
+        "heldout": {"initial": initial.get("accuracy"), "final": heldout.get("accuracy")},
+    }

@@ -19,16 +19,9 @@ import sys
 from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
 from trl_aspo.builtin.registry import BUILTIN_REWARDS, BUILTIN_TOOLS
-from trl_aspo.cli.arguments import (
-    ConfigurationError,
-    check_command_line,
-    check_train_command_line,
-    config_path,
-    config_value_problems,
-    read_config,
-    report,
-)
-from trl_aspo.cli.arguments import requested_trainer as _requested_trainer
+from trl_aspo.cli.command_line import check_command_line, config_path, config_value_problems
+from trl_aspo.cli.command_line import requested_trainer as _requested_trainer
+from trl_aspo.cli.config_errors import ConfigurationError, report
 from trl_aspo.cli.parsers import (
     TRAINERS,
     check_choice,
@@ -37,6 +30,8 @@ from trl_aspo.cli.parsers import (
     make_parser,
     resolve_callable,
 )
+from trl_aspo.cli.run_checks import check_train_command_line
+from trl_aspo.cli.yaml_loading import read_config
 from trl_aspo.config.aspo_config import ASPOConfig
 
 
@@ -133,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ignore_known_notices()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        from trl_aspo.cli.arguments import train_help
+        from trl_aspo.cli.train_help import train_help
 
         print(train_help(argv), end="")
         return

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from trl_aspo.cli.arguments import ConfigurationError, report
+from trl_aspo.cli.config_errors import ConfigurationError, report
 
 
 def load_value_state(checkpoint_dir: str) -> dict[str, Any]:

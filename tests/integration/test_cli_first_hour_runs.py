@@ -68,6 +68,24 @@ def test_num_processes_2_on_a_cpu_trains_in_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_plain_ddp_launch_says_it_trains_on_two_processes(tmp_path):
+    """`trl-aspo train` started by a plain `accelerate launch --config_file configs/accelerate/ddp.yaml
+    --num_processes 2`: the run says once that it trains data parallel on 2 processes (before: nothing, where FSDP
+    and DeepSpeed launches say how they shard)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/ddp.yaml",
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        "-m", "trl_aspo.cli.train", "--config", SMOKE, "--output_dir", str(tmp_path / "run"), "--max_steps", "1",
+        "--plot", "false",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert output.count("Data parallel on 2 CPU processes: DistributedType.MULTI_CPU (each holds the whole model") == 1
+
+
+@pytest.mark.slow
 def test_resume_true_passes_over_a_checkpoint_without_trainer_state(tmp_path):
     """A kill (or a full disk) while checkpoint-4 was saved leaves it without trainer_state.json: resuming takes
     checkpoint-2, says checkpoint-4 was skipped, and trains to step 4 again (transformers alone picks checkpoint-4

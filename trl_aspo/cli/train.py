@@ -249,6 +249,15 @@ def run(
             f"Sharded on {trainer.accelerator.num_processes} CPU processes: {trainer.accelerator.distributed_type} "
             "(trl_aspo.infra.cpu_sharding; accelerate alone would train plain data parallel on CPU)."
         )
+    elif trainer.accelerator.num_processes > 1:
+        # A sharded launch says how it trains; a data-parallel one (ddp.yaml, --multi_gpu, --num_processes) said
+        # nothing, so a user could not tell from the output that N processes were training.
+        cpu = "CPU " if trainer.accelerator.device.type == "cpu" else ""
+        trainer.accelerator.print(
+            f"Data parallel on {trainer.accelerator.num_processes} {cpu}processes: "
+            f"{trainer.accelerator.distributed_type} (each holds the whole model and trains on its share of every "
+            "batch)."
+        )
     if training_args.max_steps <= 0 or getattr(trainer, "epoch_stop_groups", None) is not None:
         trainer.accelerator.print(training_length_message(trainer, train_dataset))
     use_console_progress(trainer, callbacks)

@@ -66,18 +66,21 @@ def test_a_cold_cache_is_built_once_without_torch_in_the_command_and_a_truncated
     status, stderr, torch_imported, _ = run_train(config, cache)
     assert (status, stderr, torch_imported) == (2, expected, False)
     (table,) = cache.glob("fields-*.json")
-    built = table.stat().st_mtime_ns
+    built, first = table.stat().st_mtime_ns, json.loads(table.read_text())
 
     status, stderr, torch_imported, seconds = run_train(config, cache)
     assert (status, stderr, torch_imported) == (2, expected, False)
-    assert table.stat().st_mtime_ns == built and list(cache.glob("fields-*.json")) == [table]
+    assert list(cache.glob("fields-*.json")) == [table]
+    # Read, not rebuilt, unless a trl-aspo module changed in between (an edited checkout), which it then records.
+    assert table.stat().st_mtime_ns == built or json.loads(table.read_text())["sources"] != first["sources"]
     print(f"cached: {seconds:.2f} s")
 
     text = table.read_text()
     table.write_text(text[: len(text) // 2])
     status, stderr, torch_imported, _ = run_train(config, cache)
     assert (status, stderr, torch_imported) == (2, expected, False)
-    assert json.loads(table.read_text()) == json.loads(text)
+    rebuilt = json.loads(table.read_text())
+    assert rebuilt["installation"] == first["installation"] and set(rebuilt["trainers"]) == {"sync", "async"}
 
 
 def test_a_table_is_read_only_whole_of_these_sources_and_this_installation(tmp_path, field_table_cache):

@@ -182,3 +182,36 @@ def test_plot_writes_its_figure_beside_the_runs_not_into_the_current_folder(tmp_
     assert stdout.strip() == f"Figure written to {runs / 'comparison.png'}."
     assert (runs / "comparison.png").stat().st_size > 0
     assert list(elsewhere.iterdir()) == []
+
+
+def test_numbers_seeds_and_dates_are_checked_as_their_fields_take_them(tmp_path):
+    """The rules behind the refusals above, in one place: a seed within numpy's range, an optional number's
+    'none', an integer field's text that is no integer, a boolean for a number, a date for text."""
+    from trl_aspo.cli.command_line import check_command_line, given_values
+    from trl_aspo.cli.config_errors import ConfigurationError
+    from trl_aspo.cli.field_cache import field_table
+
+    path = tmp_path / "run.yaml"
+    path.write_text(base_with(learning_rate="true", run_name="2020-01-01"))
+    flags = ["--seed", "-1", "--data_seed", str(2**32), "--num_generations", "1.5", "--max_completion_length", "none"]
+    with pytest.raises(ConfigurationError) as refused:
+        check_command_line(["--config", str(path), *flags])
+    seeds = (
+        "is out of range; allowed: an integer in [0, 4294967295] (numpy's seed range, which transformers' set_seed "
+        "uses)"
+    )
+    assert refused.value.problems == [
+        f"learning_rate (in {path}): True is not a number",
+        f"run_name (in {path}): 2020-01-01 is a date (YAML reads it as one), not text; write '2020-01-01' in quotes "
+        "for text",
+        f"seed (command line): -1 {seeds}",
+        f"data_seed (command line): 4294967296 {seeds}",
+        "num_generations (command line): '1.5' is not an integer",
+    ]
+    path = tmp_path / "ok.yaml"
+    path.write_text(BASE)
+    argv = ["--config", str(path), "--seed", str(2**32 - 1), "--max_completion_length", "null"]
+    config, _ = check_command_line(argv)
+    fields = {field["name"]: field for field in field_table()["trainers"]["sync"]}
+    values = given_values(argv, config, fields)
+    assert values["seed"] == 2**32 - 1 and values["max_completion_length"] is None

@@ -145,54 +145,68 @@ class NoWeightTransfer:
         pass
 
 
+def fake_rollout_sample(policy, tokenizer, prompt, length, generator, *, model_version, group_id, reward=None):
+    """A `RolloutSample` of `prompt` with a random completion of `length` tokens, as if TRL's worker had sampled it:
+    generator log-probs are `policy`'s plus N(0, 0.3^2) noise (the ratio is off 1, so the flip and the clips act), the
+    advantage is N(0, 1), the logged reward `reward` (None: U(0, 1)). Draws from `generator` in that order."""
+    import numpy as np
+    import torch
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    prompt_ids = list(
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+    completion = torch.randint(5, tokenizer.vocab_size - 5, (length,), generator=generator).tolist()
+    ids = torch.tensor([prompt_ids + completion])
+    with torch.no_grad():
+        logps = policy(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
+    noise = 0.3 * torch.randn(length, generator=generator)
+    advantage = float(torch.randn(1, generator=generator))
+    if reward is None:
+        reward = float(torch.rand(1, generator=generator))
+    return RolloutSample(
+        prompt=prompt,
+        completion=[{"role": "assistant", "content": tokenizer.decode(completion)}],
+        input_ids=ids[0].numpy(),
+        completion_mask=np.asarray([0] * len(prompt_ids) + [1] * length, dtype=np.int64),
+        old_log_probs=np.asarray([0.0] * len(prompt_ids) + (logps[-length:] + noise).tolist(), dtype=np.float32),
+        advantage=advantage,
+        model_version=model_version,
+        group_id=group_id,
+        metrics={"reward": reward, "reward_std": 0.25},
+    )
+
+
 # Per micro-batch: (samples, completion length) of its two groups; one group per rank.
 STEP_GROUPS = [[(1, 12), (7, 2)], [(3, 9), (5, 3)]]
 
 
 def step_samples(tokenizer) -> list:
     """The `RolloutSample`s of one optimizer step of the two-process asynchronous test, in queue order (the groups of
-    `STEP_GROUPS`): random completions, generator log-probs of the starting policy plus noise (the ratio is off 1, so
-    the flip and the clips act) and random advantages."""
-    import numpy as np
+    `STEP_GROUPS`, model version 0, reward 0.5), each a `fake_rollout_sample`."""
     import torch
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     from trl_aspo.builtin.task import make_dataset
 
     policy = AutoModelForCausalLM.from_pretrained(MODEL)
     generator = torch.Generator().manual_seed(0)
     dataset = make_dataset("train", 4, seed=0)
-    samples, group_id = [], 0
-    for groups in STEP_GROUPS:
-        for count, length in groups:
-            prompt = dataset[group_id]["prompt"]
-            prompt_ids = list(
-                tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-            )
-            for _ in range(count):
-                completion = torch.randint(5, tokenizer.vocab_size - 5, (length,), generator=generator).tolist()
-                ids = torch.tensor([prompt_ids + completion])
-                with torch.no_grad():
-                    logps = policy(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
-                noise = 0.3 * torch.randn(length, generator=generator)
-                samples.append(
-                    RolloutSample(
-                        prompt=prompt,
-                        completion=[{"role": "assistant", "content": tokenizer.decode(completion)}],
-                        input_ids=ids[0].numpy(),
-                        completion_mask=np.asarray([0] * len(prompt_ids) + [1] * length, dtype=np.int64),
-                        old_log_probs=np.asarray(
-                            [0.0] * len(prompt_ids) + (logps[-length:] + noise).tolist(), dtype=np.float32
-                        ),
-                        advantage=float(torch.randn(1, generator=generator)),
-                        model_version=0,
-                        group_id=group_id,
-                        metrics={"reward": 0.5, "reward_std": 0.25},
-                    )
-                )
-            group_id += 1
-    return samples
+    groups = [group for step in STEP_GROUPS for group in step]
+    return [
+        fake_rollout_sample(
+            policy,
+            tokenizer,
+            dataset[group_id]["prompt"],
+            length,
+            generator,
+            model_version=0,
+            group_id=group_id,
+            reward=0.5,
+        )
+        for group_id, (count, length) in enumerate(groups)
+        for _ in range(count)
+    ]
 
 
 # ------------------------------------------------------------------------------------ prioritized sampling (async)
@@ -230,6 +244,19 @@ def recording_scores(trainer) -> list:
 
     trainer._score_step = recording_score_step
     return samples
+
+
+def recording_batches(trainer) -> list[dict]:
+    """Patches `trainer._generate_and_score_completions` to keep every generation batch it returns (after the
+    trainer's own advantage rewrite); returns the (growing) list."""
+    batches, generate = [], trainer._generate_and_score_completions
+
+    def recording(inputs):
+        batches.append(generate(inputs))
+        return batches[-1]
+
+    trainer._generate_and_score_completions = recording
+    return batches
 
 
 def recording_rounds(trainer) -> list:
@@ -320,6 +347,24 @@ def two_by_two(tmp_path) -> tuple[str, object]:
           aspo: {{loss_type: aspo}}
         """
     return write_experiment(tmp_path, body, base=BASE_THREE_STEPS), output
+
+
+# --------------------------------------------------------------------------------------------------- evaluation
+# What `evaluate_tool_use` reports besides the per-sample `records`: the summary `trl-aspo evaluate` writes.
+TOOL_USE_METRICS = {
+    "accuracy",
+    "pass_at_k",
+    "mean_reward",
+    "tool_call_rate",
+    "mean_first_call_position",
+    "calls_per_completion",
+    "interactive_turns_per_completion",
+    "accuracy_with_call",
+    "accuracy_without_call",
+    "mean_completion_length",
+    "num_problems",
+    "num_samples",
+}
 
 
 # ------------------------------------------------------------------------------------------------------- misc

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -14,6 +13,7 @@ from helpers import (
     ScriptedWorker,
     async_fields,
     calculator_tokenizer,
+    fake_rollout_sample,
     trainer_with_local_worker,
 )
 
@@ -48,11 +48,10 @@ def parameters(model):
 
 
 def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None):
-    """One `RolloutSample` per entry of `versions` (its model version), `groups_of` consecutive samples per prompt:
-    built-in task prompts, random completions whose generator log-probs are the starting policy's plus noise (so the
-    ratio is off 1, as for a stale sample), and rewards in [0, 1]. `prompt_rows` picks each sample's dataset row."""
+    """One `fake_rollout_sample` per entry of `versions` (its model version), `groups_of` consecutive samples per
+    prompt: built-in task prompts, completions of 3 to 8 tokens, rewards in [0, 1]. `prompt_rows` picks each
+    sample's dataset row."""
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     policy = AutoModelForCausalLM.from_pretrained(MODEL)
     generator = torch.Generator().manual_seed(seed)
@@ -60,28 +59,10 @@ def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None)
     samples = []
     for index, version in enumerate(versions):
         prompt = dataset[index // groups_of if prompt_rows is None else prompt_rows[index]]["prompt"]
-        prompt_ids = tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
         length = int(torch.randint(3, 9, (1,), generator=generator))
-        completion = torch.randint(5, tokenizer.vocab_size - 5, (length,), generator=generator).tolist()
-        ids = torch.tensor([list(prompt_ids) + completion])
-        with torch.no_grad():
-            logps = policy(ids).logits[0, :-1].log_softmax(-1).gather(1, ids[0, 1:, None])[:, 0]
-        noise = 0.3 * torch.randn(length, generator=generator)
         samples.append(
-            RolloutSample(
-                prompt=prompt,
-                completion=[{"role": "assistant", "content": tokenizer.decode(completion)}],
-                input_ids=ids[0].numpy(),
-                completion_mask=np.asarray([0] * len(prompt_ids) + [1] * length, dtype=np.int64),
-                old_log_probs=np.asarray(
-                    [0.0] * len(prompt_ids) + (logps[-length:] + noise).tolist(), dtype=np.float32
-                ),
-                advantage=float(torch.randn(1, generator=generator)),
-                model_version=version,
-                group_id=index // groups_of,
-                metrics={"reward": float(torch.rand(1, generator=generator)), "reward_std": 0.25},
+            fake_rollout_sample(
+                policy, tokenizer, prompt, length, generator, model_version=version, group_id=index // groups_of
             )
         )
     return samples

@@ -10,7 +10,7 @@ import pickle
 import shutil
 
 import pytest
-from helpers import digit_share_reward
+from helpers import digit_share_reward, tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.trainers.checkpoint_state import STATE_JSON, load_checkpoint_state
@@ -33,24 +33,14 @@ class _Payload:
 
 def _config(output_dir, **overrides) -> ASPOConfig:
     fields = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,
         num_generations=1,
         advantage_estimator="spo++",
         max_completion_length=8,
-        max_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
         save_strategy="steps",
         save_steps=1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
         dataloader_num_workers=0,
     )
-    fields.update(overrides)
-    return ASPOConfig(**fields)
+    return ASPOConfig(**tiny_run_fields(output_dir, **{**fields, **overrides}))
 
 
 def _trainer(tiny_tokenizer, dataset, output_dir, **overrides) -> ASPOTrainer:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import TOOL_USE_METRICS
 
 from trl_aspo.builtin import TINY_CALCULATOR, TINY_RANDOM, load_builtin
 from trl_aspo.builtin.calculator import calculator
@@ -13,21 +14,7 @@ from trl_aspo.builtin.model import CHECKPOINT_DIR
 from trl_aspo.builtin.task import correctness_reward, make_dataset
 from trl_aspo.evaluation.tool_use import evaluate_tool_use
 
-SUMMARY_KEYS = {
-    "accuracy",
-    "pass_at_k",
-    "mean_reward",
-    "tool_call_rate",
-    "mean_first_call_position",
-    "calls_per_completion",
-    "interactive_turns_per_completion",
-    "accuracy_with_call",
-    "accuracy_without_call",
-    "mean_completion_length",
-    "num_problems",
-    "num_samples",
-    "records",
-}
+SUMMARY_KEYS = TOOL_USE_METRICS | {"records"}
 needs_checkpoint = pytest.mark.skipif(
     not (CHECKPOINT_DIR / "model.safetensors").is_file(), reason="tiny-calculator checkpoint not built"
 )

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from datasets import Dataset
+from helpers import tiny_run_fields
 from PIL import Image
 from transformers import (
     CLIPImageProcessor,
@@ -62,17 +63,8 @@ def _tiny_llava(processor, seed=0):
 def _trainer(processor, tmp_path, **overrides) -> ASPOTrainer:
     model = build_random_model(processor.tokenizer, seed=0)
     model.config.image_token_id = processor.tokenizer.convert_tokens_to_ids("<image>")
-    fields = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,
-        max_steps=1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-    )
-    fields.update(overrides)
+    defaults = dict(per_device_train_batch_size=4, num_generations=2, max_completion_length=8, max_steps=1)
+    fields = tiny_run_fields(tmp_path, **{**defaults, **overrides})
     return ASPOTrainer(
         model=model,
         reward_funcs=[_zero_reward],
@@ -259,20 +251,19 @@ def test_kl_adaptive_rho_trains_a_vision_language_model_with_each_visits_own_ima
     )
     model = _tiny_llava(llava_processor)
     args = ASPOConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=2,
-        num_generations=1,
-        max_completion_length=4,
-        max_steps=3,
-        save_steps=3,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        learning_rate=1e-2,
-        advantage_estimator="spo",
-        value_rho_mode="kl",
-        prompt_id_column="prompt_id",
+        **tiny_run_fields(
+            tmp_path,
+            per_device_train_batch_size=2,
+            num_generations=1,
+            max_completion_length=4,
+            max_steps=3,
+            save_strategy="steps",
+            save_steps=3,
+            learning_rate=1e-2,
+            advantage_estimator="spo",
+            value_rho_mode="kl",
+            prompt_id_column="prompt_id",
+        )
     )
     trainer = ASPOTrainer(
         model=model,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_run_fields
+from helpers import recording_batches, tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
@@ -22,19 +22,6 @@ def _trainer(tiny_tokenizer, dataset, output_dir, reward_funcs, **overrides) -> 
         train_dataset=dataset,
         processing_class=tiny_tokenizer,
     )
-
-
-def _record_outputs(trainer: ASPOTrainer) -> list[dict]:
-    outputs = []
-    generate_and_score = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = generate_and_score(inputs)
-        outputs.append(output)
-        return output
-
-    trainer._generate_and_score_completions = recording
-    return outputs
 
 
 @pytest.mark.slow
@@ -63,7 +50,7 @@ def test_infinite_rewards_leave_their_completions_unscored(
     if estimator != "group":
         overrides["num_generations"] = 1
     trainer = _trainer(tiny_tokenizer, calculator_dataset, tmp_path, [infinite_for_the_second], **overrides)
-    outputs = _record_outputs(trainer)
+    outputs = recording_batches(trainer)
     trainer.train()
 
     advantages = outputs[0]["advantages"]
@@ -99,7 +86,7 @@ def test_weighted_full_credit_rounding_above_one_is_accepted(tiny_tokenizer, cal
         num_generations=1,
         reward_weights=[0.1] * 10,
     )
-    outputs = _record_outputs(trainer)
+    outputs = recording_batches(trainer)
     trainer.train()
     assert torch.isfinite(outputs[0]["advantages"]).all()
     keys = list(trainer._value_tracker.state_dict()["state"])

@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from helpers import tiny_run_fields
+from helpers import TOOL_USE_METRICS, recording_batches, tiny_run_fields
 
 import trl_aspo.values.scoring as scoring
 from trl_aspo import ASPOConfig, ASPOTrainer
@@ -37,20 +37,6 @@ def used_tool_reward(completions, **kwargs) -> list[float]:
     """1.0 when the completion calls a tool: every tool-using completion counts as "correct", so shaping acts in every
     batch whatever the model's accuracy."""
     return [float(any(message.get("tool_calls") for message in completion)) for completion in completions]
-
-
-def capture_batches(trainer: ASPOTrainer) -> list[dict]:
-    """Keep every generation batch the trainer produces (after its own advantage rewrite)."""
-    batches = []
-    generate_and_score = trainer._generate_and_score_completions
-
-    def keep(inputs):
-        output = generate_and_score(inputs)
-        batches.append(output)
-        return output
-
-    trainer._generate_and_score_completions = keep
-    return batches
 
 
 def independent_detection(batch: dict, tokenizer) -> list[tuple[int, int, int]]:
@@ -101,7 +87,7 @@ def shaped_run(tmp_path_factory, calculator_dataset):
         tools=[calculator],
     )
     initial = [p.detach().clone() for p in trainer.model.parameters()]
-    batches = capture_batches(trainer)
+    batches = recording_batches(trainer)
     trainer.train()
     return trainer, batches, initial
 
@@ -299,7 +285,7 @@ def test_single_stream_run_shapes_across_the_whole_batch(calculator_dataset, tin
     trainer = ASPOTrainer(
         model, [used_tool_reward], args, calculator_dataset, processing_class=tokenizer, tools=[calculator]
     )
-    batches = capture_batches(trainer)
+    batches = recording_batches(trainer)
     trainer.train()
 
     (advantages, positions, lengths, eligible, groups, bias), batch = calls[0], batches[0]
@@ -335,20 +321,6 @@ def test_shaped_training_run_logs_tool_and_shaping_metrics(shaped_run):
 
 
 # ------------------------------------------------------------------------------------------ (f) trl-aspo evaluate
-METRIC_KEYS = {
-    "accuracy",
-    "pass_at_k",
-    "mean_reward",
-    "tool_call_rate",
-    "mean_first_call_position",
-    "calls_per_completion",
-    "interactive_turns_per_completion",
-    "accuracy_with_call",
-    "accuracy_without_call",
-    "mean_completion_length",
-    "num_problems",
-    "num_samples",
-}
 
 
 def test_evaluate_command_writes_json(tmp_path, capsys):
@@ -365,7 +337,7 @@ def test_evaluate_command_writes_json(tmp_path, capsys):
         "builtin:calculator",
         "test",
     )
-    assert set(report["metrics"]) == METRIC_KEYS
+    assert set(report["metrics"]) == TOOL_USE_METRICS
     assert report["metrics"]["num_problems"] == 4 and report["metrics"]["num_samples"] == 2
     assert report["settings"]["temperature"] == 1.0 and report["settings"]["max_completion_length"] == 12
     assert report["settings"]["tools"] == ["calculator"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import digit_share_reward
+from helpers import digit_share_reward, tiny_run_fields
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_aspo import ASPOConfig, ASPOTrainer
@@ -12,22 +12,8 @@ from trl_aspo.builtin import build_random_model
 from trl_aspo.builtin.task import calculator, correctness_reward
 
 
-def _train(trainer_cls, config_cls, tiny_tokenizer, dataset, output_dir, **overrides):
-    fields = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=12,
-        max_steps=3,
-        learning_rate=1e-2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=7,
-    )
-    fields.update(overrides)
+def _train(trainer_cls, config_cls, tiny_tokenizer, dataset, output_dir):
+    fields = tiny_run_fields(output_dir, max_completion_length=12, max_steps=3, learning_rate=1e-2, seed=7)
     model = build_random_model(tiny_tokenizer, seed=0)
     trainer = trainer_cls(
         model=model,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from datasets import Dataset
-from helpers import digit_share_reward
+from helpers import digit_share_reward, tiny_run_fields
 
 from trl_aspo import ASPOConfig, ASPOTrainer
 from trl_aspo.builtin import build_random_model
@@ -15,19 +15,8 @@ from trl_aspo.values.prompt_ids import prompt_key
 
 
 def _trainer(tiny_tokenizer, dataset, tmp_path, **overrides) -> ASPOTrainer:
-    fields = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=8,
-        num_generations=1,
-        advantage_estimator="spo++",
-        max_completion_length=8,
-        max_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-    )
-    fields.update(overrides)
+    defaults = dict(num_generations=1, advantage_estimator="spo++", max_completion_length=8, max_steps=1)
+    fields = tiny_run_fields(tmp_path / "out", **{**defaults, **overrides})
     return ASPOTrainer(
         model=build_random_model(tiny_tokenizer, seed=0),
         reward_funcs=[digit_share_reward],

@@ -166,51 +166,34 @@ def test_empty_batch():
 
 
 @pytest.mark.parametrize(
-    "change,match",
+    "change,error,match",
     [
-        ({"positions": _t([-1, 2])}, "positions"),
-        ({"positions": _t([10, 2])}, "positions"),
-        ({"lengths": _t([-5, 10])}, "lengths"),
-        ({"groups": _t([0, 0, 0])}, "groups"),
-        ({"advantages": torch.ones(2, 1)}, "advantages"),
-        ({"k": -0.1}, "k"),
-        ({"k": math.inf}, "k"),
-        ({"delta": math.nan}, "delta"),
+        ({"positions": _t([-1, 2])}, ValueError, "positions"),
+        ({"positions": _t([10, 2])}, ValueError, "positions"),
+        ({"lengths": _t([-5, 10])}, ValueError, "lengths"),
+        ({"groups": _t([0, 0, 0])}, ValueError, "groups"),
+        ({"advantages": torch.ones(2, 1)}, ValueError, "advantages"),
+        ({"k": -0.1}, ValueError, "k"),
+        ({"k": math.inf}, ValueError, "k"),
+        ({"delta": math.nan}, ValueError, "delta"),
+        ({"advantages": _t([1, 1])}, TypeError, "advantages"),
+        ({"positions": _t([1.0, 2.0], torch.float32)}, TypeError, "positions"),
+        ({"eligible": _t([1, 1])}, TypeError, "eligible"),
+        ({"groups": [0, 0]}, TypeError, "groups"),
     ],
 )
-def test_bad_values_raise_value_error(change, match):
-    kwargs = {
+def test_bad_values_and_types_are_refused(change, error, match):
+    """One change at a time to a valid two-sample input: a value out of range is a ValueError, a wrong type a
+    TypeError, each naming the argument."""
+    valid = {
         "advantages": _t([1.0, 1.0], torch.float32),
         "positions": _t([1, 2]),
         "lengths": _t([10, 10]),
         "eligible": _t([True, True], torch.bool),
         "groups": _t([0, 0]),
     }
-    kwargs.update(change)
-    with pytest.raises(ValueError, match=match):
-        tool_position_shaping(**kwargs)
-
-
-@pytest.mark.parametrize(
-    "change,match",
-    [
-        ({"advantages": _t([1, 1])}, "advantages"),
-        ({"positions": _t([1.0, 2.0], torch.float32)}, "positions"),
-        ({"eligible": _t([1, 1])}, "eligible"),
-        ({"groups": [0, 0]}, "groups"),
-    ],
-)
-def test_bad_types_raise_type_error(change, match):
-    kwargs = {
-        "advantages": _t([1.0, 1.0], torch.float32),
-        "positions": _t([1, 2]),
-        "lengths": _t([10, 10]),
-        "eligible": _t([True, True], torch.bool),
-        "groups": _t([0, 0]),
-    }
-    kwargs.update(change)
-    with pytest.raises(TypeError, match=match):
-        tool_position_shaping(**kwargs)
+    with pytest.raises(error, match=match):
+        tool_position_shaping(**{**valid, **change})
 
 
 def test_shaping_stats():

@@ -27,7 +27,7 @@ if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
     enable_cpu_sharding()
 
 from helpers import async_fields, calculator_tokenizer, digit_share_reward, trainer_with_local_worker  # noqa: E402
-from sharded_common import AtTrainBegin, full_parameter_sum  # noqa: E402
+from sharded_common import RUN_FIELDS, AtTrainBegin, finish_run, full_parameter_sum  # noqa: E402
 
 from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer  # noqa: E402
 from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
@@ -35,23 +35,7 @@ from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
 
 
 def run(out_dir: str, label: str, options: dict) -> None:
-    fields = async_fields(
-        pathlib.Path(out_dir),
-        output_dir=f"{out_dir}/{label}",
-        per_device_train_batch_size=4,
-        num_generations=1,
-        max_steps=3,
-        max_inflight_tasks=2,
-        max_completion_length=48,
-        seed=3,
-        loss_type="aspo",
-        tool_shaping=True,
-        tool_shaping_correct_threshold=0.05,
-        advantage_estimator="spo++",
-        prioritized_sampling=True,
-        save_strategy="steps",
-        save_steps=2,
-    )
+    fields = async_fields(pathlib.Path(out_dir), output_dir=f"{out_dir}/{label}", max_inflight_tasks=2, **RUN_FIELDS)
     fields.update(options.get("overrides", {}))
     args = AsyncASPOConfig(**fields)
     tokenizer = calculator_tokenizer()
@@ -62,23 +46,17 @@ def run(out_dir: str, label: str, options: dict) -> None:
     report = BeforeAfterReport(trainer, make_dataset("test", 4, seed=1), [digit_share_reward], [calculator])
     trainer.train(resume_from_checkpoint=options.get("resume"))
     report.measure("after")
-    trainer.save_model(f"{out_dir}/{label}/final")
-    trainer.accelerator.wait_for_everyone()
-    record = {
-        "rank": trainer.accelerator.process_index,
-        "world": trainer.accelerator.num_processes,
-        "distributed_type": str(trainer.accelerator.distributed_type),
-        "losses": [row["loss"] for row in trainer.state.log_history if "loss" in row],
-        "at_begin": at_begin.record,
-        "report": report.results,
-        "tracker": trainer._scorer.tracker.state_dict(),
-        "parameters_sum": full_parameter_sum(trainer.model_wrapped),
-    }
-    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
-        json.dump(record, handle)
-    trainer.accelerator.wait_for_everyone()
-    # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
-    trainer.accelerator.end_training()
+    finish_run(
+        trainer,
+        out_dir,
+        label,
+        lambda: {
+            "at_begin": at_begin.record,
+            "report": report.results,
+            "tracker": trainer._scorer.tracker.state_dict(),
+            "parameters_sum": full_parameter_sum(trainer.model_wrapped),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,29 @@
-"""What the sharded-tier workers share: parameter sums gathered from shards, the held-out evaluator of
-`HeldoutDuringTraining`, and a record of the trainer's state when training begins."""
+"""What the sharded-tier workers share: the run's method fields, parameter sums gathered from shards, the held-out
+evaluator of `HeldoutDuringTraining`, a record of the trainer's state when training begins, and the end of a run
+(the final model saved, the rank's record written, the process group left)."""
 
 from __future__ import annotations
 
+import json
+
 from transformers import TrainerCallback
+
+# What both workers train: three steps of four single-completion prompts under spo++ with prioritized sampling, the
+# aspo loss and tool shaping, checkpointed at step 2.
+RUN_FIELDS = dict(
+    per_device_train_batch_size=4,
+    num_generations=1,
+    max_steps=3,
+    max_completion_length=48,
+    seed=3,
+    loss_type="aspo",
+    tool_shaping=True,
+    tool_shaping_correct_threshold=0.05,
+    advantage_estimator="spo++",
+    prioritized_sampling=True,
+    save_strategy="steps",
+    save_steps=2,
+)
 
 
 def full_parameter_sum(model) -> float:
@@ -64,3 +84,24 @@ class AtTrainBegin(TrainerCallback):
             "tracker": self.tracker().state_dict(),
             "global_step": state.global_step,
         }
+
+
+def finish_run(trainer, out_dir: str, label: str, entries) -> None:
+    """Save the final model to `OUT/LABEL/final`, then write this rank's record to `OUT/LABEL-rank<k>.json`: its
+    rank, the world size, the distributed type, the logged losses and the run's own `entries()`, called on every rank
+    after the save (they may hold collectives, such as `full_parameter_sum`); then leave the process group."""
+    trainer.save_model(f"{out_dir}/{label}/final")
+    accelerator = trainer.accelerator
+    accelerator.wait_for_everyone()
+    record = {
+        "rank": accelerator.process_index,
+        "world": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "losses": [row["loss"] for row in trainer.state.log_history if "loss" in row],
+        **entries(),
+    }
+    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
+        json.dump(record, handle)
+    accelerator.wait_for_everyone()
+    # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
+    accelerator.end_training()

@@ -29,7 +29,7 @@ if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
     enable_cpu_sharding()
 
 from helpers import MODEL, calculator_tokenizer, digit_share_reward, recording_rounds, tiny_run_fields  # noqa: E402
-from sharded_common import AtTrainBegin, full_parameter_sum, heldout_evaluator  # noqa: E402
+from sharded_common import RUN_FIELDS, AtTrainBegin, finish_run, full_parameter_sum, heldout_evaluator  # noqa: E402
 
 from trl_aspo import ASPOConfig, ASPOTrainer  # noqa: E402
 from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
@@ -40,23 +40,12 @@ from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
 def run(out_dir: str, label: str, options: dict) -> None:
     fields = tiny_run_fields(
         f"{out_dir}/{label}",
-        per_device_train_batch_size=4,
-        num_generations=1,
+        **RUN_FIELDS,
         max_tool_calling_iterations=1,
-        max_completion_length=48,
-        max_steps=3,
-        seed=3,
         top_k=1,
-        loss_type="aspo",
         num_iterations=1,
-        tool_shaping=True,
-        tool_shaping_correct_threshold=0.05,
-        advantage_estimator="spo++",
-        prioritized_sampling=True,
         value_init_samples=1,
         log_weight_map=True,
-        save_strategy="steps",
-        save_steps=2,
         save_only_model=False,
     )
     fields.update(options.get("overrides", {}))
@@ -81,32 +70,25 @@ def run(out_dir: str, label: str, options: dict) -> None:
     report.measure_before()
     trainer.train(resume_from_checkpoint=options.get("resume"))
     report.measure("after")
-    final = f"{out_dir}/{label}/final"
-    trainer.save_model(final)
-    trainer.accelerator.wait_for_everyone()
-    record = {
-        "rank": trainer.accelerator.process_index,
-        "world": trainer.accelerator.num_processes,
-        "distributed_type": str(trainer.accelerator.distributed_type),
-        "rounds": rounds,
-        "losses": [row["loss"] for row in trainer.state.log_history if "loss" in row],
-        "heldout_rows": [row for row in trainer.state.log_history if "heldout/accuracy" in row],
-        "report": report.results,
-        "tracker": trainer._value_tracker.state_dict(),
-        "sampler_weights": trainer._priority_sampler.weights.tolist(),
-        # KL-adaptive rho's stored visits (completion ids, action masks, post-update log-probs), gathered per round.
-        "visit_store": {
-            key: {name: tensor.tolist() for name, tensor in visit.items()}
-            for key, visit in trainer._visit_store.items()
+    finish_run(
+        trainer,
+        out_dir,
+        label,
+        lambda: {
+            "rounds": rounds,
+            "heldout_rows": [row for row in trainer.state.log_history if "heldout/accuracy" in row],
+            "report": report.results,
+            "tracker": trainer._value_tracker.state_dict(),
+            "sampler_weights": trainer._priority_sampler.weights.tolist(),
+            # KL-adaptive rho's stored visits (token ids, action masks, post-update log-probs), gathered per round.
+            "visit_store": {
+                key: {name: tensor.tolist() for name, tensor in visit.items()}
+                for key, visit in trainer._visit_store.items()
+            },
+            "at_begin": at_begin.record,
+            "parameters_sum": full_parameter_sum(trainer.model_wrapped),
         },
-        "at_begin": at_begin.record,
-        "parameters_sum": full_parameter_sum(trainer.model_wrapped),
-    }
-    with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
-        json.dump(record, handle)
-    trainer.accelerator.wait_for_everyone()
-    # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
-    trainer.accelerator.end_training()
+    )
 
 
 if __name__ == "__main__":

@@ -215,3 +215,23 @@ def test_numbers_seeds_and_dates_are_checked_as_their_fields_take_them(tmp_path)
     fields = {field["name"]: field for field in field_table()["trainers"]["sync"]}
     values = given_values(argv, config, fields)
     assert values["seed"] == 2**32 - 1 and values["max_completion_length"] is None
+
+
+def test_a_key_given_twice_is_refused_in_every_yaml_a_command_reads_and_a_merge_override_is_not(tmp_path):
+    """Nested mappings and quoted spellings count (`'x'` and `x` are one key), and an experiment file is read by
+    the same loader; a key written after `<<: *anchor` overrides the merged one by YAML's merge rule (no repeat)."""
+    from trl_aspo.cli.config_errors import ConfigurationError
+    from trl_aspo.cli.experiment_file import load_experiment
+    from trl_aspo.cli.yaml_loading import load_yaml
+
+    with pytest.raises(ConfigurationError) as refused:
+        load_yaml("env:\n  x: 1\n  'x': 2\n", "a.yaml")
+    assert refused.value.problems == [
+        "a.yaml (line 3): the key 'x' is given twice (first on line 2); YAML would keep only the last value: write "
+        "each key once"
+    ]
+    assert load_yaml("c: &c {beta: 0.0}\nv: {<<: *c, beta: 0.1}\n", "b.yaml")["v"] == {"beta": 0.1}
+    experiment = tmp_path / "experiment.yaml"
+    experiment.write_text("output_dir: out\nseeds: [0]\nseeds: [1]\nvariants: {a: {}}\nbase: {}\n")
+    with pytest.raises(ValueError, match=rf"^experiment file {experiment} \(line 3\): the key 'seeds' is given twice"):
+        load_experiment(str(experiment))

@@ -238,9 +238,9 @@ def recording_scores(trainer) -> list:
     """Patches `trainer._score_step` to record every sample it scores; returns the (growing) list."""
     samples, score_step = [], trainer._score_step
 
-    def recording_score_step(step_samples):
+    def recording_score_step(step_samples, context=()):
         samples.extend(step_samples)
-        return score_step(step_samples)
+        return score_step(step_samples, context)
 
     trainer._score_step = recording_score_step
     return samples
@@ -347,6 +347,44 @@ def two_by_two(tmp_path) -> tuple[str, object]:
           aspo: {{loss_type: aspo}}
         """
     return write_experiment(tmp_path, body, base=BASE_THREE_STEPS), output
+
+
+def packed_inputs(old_probs: list[float], advantages: list[float], segments: list[int]) -> dict:
+    """One packed row as AsyncGRPOTrainer's collator lays it out for `compute_loss` (one rank): every position a loss
+    target, with the generator's probabilities `old_probs`, per-token `advantages` and each token's sample."""
+    import torch
+
+    n = len(old_probs)
+    unused = torch.full((1, 1), -1)
+    return {
+        "attention_mask": torch.ones(1, n, dtype=torch.long),
+        "input_ids": torch.zeros(1, n, dtype=torch.long),
+        "position_ids": torch.arange(n)[None],
+        "shift_labels": torch.zeros(1, n, dtype=torch.long),
+        "token_index": torch.arange(n)[None],
+        "old_log_probs": torch.tensor(old_probs).log()[None],
+        "advantages": torch.tensor(advantages)[None],
+        "segment_id": torch.tensor(segments)[None],
+        "tree_kv_index": unused,
+        "tree_cu_seqlens_q": unused,
+        "tree_cu_seqlens_k": unused,
+        "tree_max_seqlens": torch.tensor([[n, n]]),
+        "global_n_tokens": torch.tensor([float(n)]),
+        "global_n_forward_tokens": torch.tensor([float(n)]),
+        "mean_seq_len": torch.tensor([n / (max(segments) + 1)]),
+    }
+
+
+def fixed_policy(log_probs):
+    """A stand-in for the model in `compute_loss`: its packed forward returns `log_probs` (1, M)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    def forward(**_):
+        return SimpleNamespace(log_probs=log_probs, entropy=torch.zeros_like(log_probs), aux_loss=None)
+
+    return forward
 
 
 # --------------------------------------------------------------------------------------------------- evaluation

@@ -115,8 +115,8 @@ def test_single_completion_spo_plus_plus_with_aspo_loss_and_shaping_trains(tmp_p
     scored, trained = [], []
     score_step, compute_loss = trainer._score_step, trainer.compute_loss
 
-    def recording_score_step(samples):
-        advantages = score_step(samples)
+    def recording_score_step(samples, context=()):
+        advantages = score_step(samples, context)
         scored.append(advantages)
         return advantages
 
@@ -169,8 +169,8 @@ def test_event_time_advantages_of_out_of_order_stale_samples(tmp_path, tokenizer
     scored = []
     score_step = trainer._score_step
 
-    def recording_score_step(step_samples):
-        scored.append((list(step_samples), score_step(step_samples)))
+    def recording_score_step(step_samples, context=()):
+        scored.append((list(step_samples), score_step(step_samples, context)))
         return scored[-1][1]
 
     trainer._score_step = recording_score_step
@@ -212,8 +212,8 @@ def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
     first = scripted_trainer(AsyncASPOTrainer, config(2), tokenizer, samples)
     before_scoring = []
     first_score_step = first._score_step
-    first._score_step = lambda step: (
-        before_scoring.append(first._scorer.tracker.state_dict()) or first_score_step(step)
+    first._score_step = lambda step, context=(): (
+        before_scoring.append(first._scorer.tracker.state_dict()) or first_score_step(step, context)
     )
     first.train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
@@ -227,10 +227,10 @@ def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
     at_first_score = []
     score_step = resumed._score_step
 
-    def recording_score_step(step_samples):
+    def recording_score_step(step_samples, context=()):
         if not at_first_score:
             at_first_score.append(resumed._scorer.tracker.state_dict())
-        return score_step(step_samples)
+        return score_step(step_samples, context)
 
     resumed._score_step = recording_score_step
     resumed.train(resume_from_checkpoint=str(checkpoint))
@@ -277,7 +277,9 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
     fresh = scripted_trainer(AsyncASPOTrainer, reset, tokenizer, samples[12:])
     at_first_score = []
     score_step = fresh._score_step
-    fresh._score_step = lambda step: at_first_score.append(fresh._scorer.tracker.num_tracked) or score_step(step)
+    fresh._score_step = lambda step, context=(): (
+        at_first_score.append(fresh._scorer.tracker.num_tracked) or score_step(step, context)
+    )
     fresh.train(resume_from_checkpoint=checkpoint)
     assert at_first_score[0] == 0 and fresh._scorer.tracker.num_tracked > 0
 
@@ -411,10 +413,10 @@ def test_zero_variance_groups_are_dropped_before_they_fill_a_step(tmp_path, toke
     scored, shares = [], []
     score_step = trainer._score_step
 
-    def recording_score_step(step):
+    def recording_score_step(step, context=()):
         scored.append([sample.group_id for sample in step])
         shares.append(trainer._metrics["train"]["filter/zero_variance_dropped_share"][-1])  # this step's share
-        return score_step(step)
+        return score_step(step, context)
 
     trainer._score_step = recording_score_step
     trainer.train()
@@ -648,7 +650,9 @@ def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, token
     trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
     at_first_score = []
     score_step = trainer._score_step
-    trainer._score_step = lambda step: at_first_score.append(trainer._scorer.tracker.state_dict()) or score_step(step)
+    trainer._score_step = lambda step, context=(): (
+        at_first_score.append(trainer._scorer.tracker.state_dict()) or score_step(step, context)
+    )
     trainer.train()
 
     (result,) = results
@@ -681,7 +685,7 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
         args = AsyncASPOConfig(**fields, advantage_estimator="spo++", value_reward_range=[0.0, 2.0])
         trainer = make_trainer(AsyncASPOTrainer, args, tokenizer)
         scored, score_step = [], trainer._score_step
-        trainer._score_step = lambda step: scored.extend(step) or score_step(step)
+        trainer._score_step = lambda step, context=(): scored.extend(step) or score_step(step, context)
         trainer.train(resume_from_checkpoint=resume_from_checkpoint)
         return trainer, scored
 

@@ -49,7 +49,7 @@ def test_single_stream_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"loss_type": "grpo"}, r"AsyncASPOConfig.loss_type='grpo' is invalid: must be one of \('ppo', 'aspo'\)"),
+        ({"loss_type": "grpo"}, r"AsyncASPOConfig.loss_type='grpo' is invalid: must be one of \('aspo', 'ppo'\)"),
         (
             {"aspo_dual_clip": 2.0},
             r"AsyncASPOConfig.aspo_dual_clip=2.0 is invalid: it only acts in the aspo loss, so it needs "
@@ -57,7 +57,7 @@ def test_single_stream_defaults(tmp_path):
             r"\(got loss_type='ppo'\)",
         ),
         ({"loss_type": "aspo", "aspo_dual_clip": 1.0}, r"aspo_dual_clip=1.0 is invalid: must lie in \(1, 100\]"),
-        ({"num_generations": 1}, r"num_generations=1 is invalid: the group baseline needs at least 2"),
+        ({"num_generations": 1}, r"num_generations=1 is invalid: advantage_estimator='group' needs at least 2"),
         ({"advantage_estimator": "spo++", "advantage_normalization": "group"}, r"advantage_normalization='group'"),
         ({"prioritized_sampling": True}, r"prioritized_sampling=True is invalid: priorities come from the value"),
         ({"advantage_estimator": "spo", "value_rho_mode": "kl"}, r"value_rho_mode='kl' is invalid"),

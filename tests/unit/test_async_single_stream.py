@@ -24,7 +24,7 @@ def config(tmp_path, **overrides):
     return AsyncASPOConfig(output_dir=str(tmp_path), use_cpu=True, token_budget=0, **overrides)
 
 
-def score_step(scorer, step, worker_advantages=None, reward_std=None, tool_positions=None):
+def score_step(scorer, step, worker_advantages=None, tool_positions=None, in_step=None):
     size = len(step)
     return scorer.score(
         keys=[s[0] for s in step],
@@ -33,8 +33,8 @@ def score_step(scorer, step, worker_advantages=None, reward_std=None, tool_posit
         token_counts=torch.tensor([s[3] for s in step]),
         group_ids=torch.tensor([s[4] for s in step]),
         worker_advantages=torch.zeros(size) if worker_advantages is None else worker_advantages,
-        worker_reward_std=torch.zeros(size) if reward_std is None else reward_std,
         tool_positions=tool_positions,
+        in_step=in_step,
     )
 
 
@@ -63,10 +63,8 @@ def test_spo_plus_plus_is_invariant_to_arrival_order_and_spo_is_not(tmp_path):
 
 def test_spo_plus_plus_values_by_hand(tmp_path):
     scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_rho=0.5))
-    scorer.baseline(
-        ["x", "x", "y", "x"], torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 0, 1], torch.zeros(4), torch.zeros(4)
-    )
-    advantages, metrics = scorer.baseline(["x", "x"], torch.tensor([0.0, 1.0]), [1, 2], torch.zeros(2), torch.zeros(2))
+    scorer.tracker_baseline(["x", "x", "y", "x"], torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 0, 1])
+    advantages, metrics = scorer.tracker_baseline(["x", "x"], torch.tensor([0.0, 1.0]), [1, 2])
     # x at z=1 sees the two version-0 outcomes: alpha = .5*.5 + .5*1 + .5*0 = .75, beta = .25 + 0 + .5 = .75 -> v = .5
     # x at z=2 also sees the version-1 outcome (1.0) of step 1: alpha = .25*.5 + .25 + .5 = .875,
     # beta = .125 + .25 = .375 -> v = .7; its batch-mate at z=1 (0.0) is observed only after scoring
@@ -87,13 +85,12 @@ def test_token_normalization_and_single_completion_advantages_are_nonzero(tmp_pa
     assert result.metrics["zero_advantage_share"] == 0.0
 
 
-def test_group_baseline_rescales_the_worker_z_score_for_batch_normalization(tmp_path):
+def test_group_baseline_is_computed_from_the_raw_rewards_for_batch_normalization(tmp_path):
+    """The group estimator gets each group's raw rewards, not the worker's z-score (given nonsense here)."""
     scorer = StepScorer(config(tmp_path, advantage_normalization="batch", num_generations=2))
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # groups {0, 1} and {2, 3}
-    std = torch.tensor([0.5, 0.5, 0.0, 0.0])
-    z_scores = torch.tensor([0.5, -0.5, 0.0, 0.0]) / (std + 1e-8)
     step = [("a", 0, 1.0, 3, 0), ("a", 0, 0.0, 3, 0), ("b", 0, 1.0, 3, 1), ("b", 0, 1.0, 3, 1)]
-    result = score_step(scorer, step, worker_advantages=z_scores, reward_std=std)
+    result = score_step(scorer, step, worker_advantages=torch.tensor([7.0, -7.0, 3.0, 3.0]))
     centered = rewards - torch.tensor([0.5, 0.5, 1.0, 1.0], dtype=torch.float64)
     expected = (centered - centered.mean()) / (centered.std() + 1e-8)
     torch.testing.assert_close(result.advantages, expected)
@@ -141,7 +138,7 @@ def test_value_init_file_sets_priors(tmp_path):
     key = prompt_key([{"role": "user", "content": "hi"}])
     init.write_text(json.dumps({"prompt_id": key, "alpha": 3.0, "beta": 1.0}) + "\n")
     scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_init_file=str(init)))
-    advantages, _ = scorer.baseline([key], torch.tensor([1.0]), [0], torch.zeros(1), torch.zeros(1))
+    advantages, _ = scorer.tracker_baseline([key], torch.tensor([1.0]), [0])
     assert advantages.tolist() == pytest.approx([0.25])
 
 
@@ -151,15 +148,11 @@ def test_rows_of_one_forked_conversation_are_one_outcome(tmp_path, estimator):
     tracker sees that outcome once and no row sees it, also when the rows fall into two optimizer steps."""
     scorer = StepScorer(config(tmp_path, advantage_estimator=estimator, num_generations=1, value_rho=0.5))
     # x's conversation "c1" is forked into three rows: two in this step, one in the next.
-    first = scorer.baseline(
-        ["x", "x", "y"], torch.tensor([1.0, 1.0, 0.0]), [0, 0, 0], torch.zeros(3), torch.zeros(3), ["c1", "c1", "c2"]
-    )[0]
+    first = scorer.tracker_baseline(["x", "x", "y"], torch.tensor([1.0, 1.0, 0.0]), [0, 0, 0], ["c1", "c1", "c2"])[0]
     # Every value is the prior 0.5 (nothing of x observed before): each row of c1 gets 1 - 0.5.
     torch.testing.assert_close(first, torch.tensor([0.5, 0.5, -0.5], dtype=torch.float64))
     assert scorer.tracker.visits(["x", "y"]).tolist() == [1, 1]
-    second = scorer.baseline(
-        ["x", "x"], torch.tensor([1.0, 0.0]), [0, 1], torch.zeros(2), torch.zeros(2), ["c1", "c3"]
-    )[0]
+    second = scorer.tracker_baseline(["x", "x"], torch.tensor([1.0, 0.0]), [0, 1], ["c1", "c3"])[0]
     # c1's third row reuses its R - v; c3 (x at version 1) sees c1 once. spo++: alpha = .5*.5 + .5*1 = .75,
     # beta = .5*.5 = .25 -> v = .75. spo (alpha <- rho alpha + R): alpha = .25 + 1, beta = .25 -> v = 5/6.
     value = 0.75 if estimator == "spo++" else 5 / 6
@@ -181,7 +174,6 @@ def test_tool_shaping_reads_correctness_from_the_named_reward(tmp_path):
         token_counts=torch.full((size,), 10),
         group_ids=torch.arange(size),
         worker_advantages=torch.zeros(size),
-        worker_reward_std=torch.zeros(size),
         tool_positions=torch.tensor([2, 6, 1]),
         correctness_scores=torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64),
     )
@@ -212,8 +204,7 @@ def test_infinite_rewards_leave_their_samples_unscored(tmp_path, estimator, norm
     )
     step = [("x", 0, float("inf"), 3, 0), ("x", 0, 1.0, 3, 0), ("y", 0, 0.0, 3, 1), ("y", 0, 2.0, 3, 1)]
     worker = torch.tensor([float("nan"), float("nan"), -1.0, 1.0])
-    std = torch.tensor([float("nan"), float("nan"), 1.0, 1.0])
-    result = score_step(scorer, step, worker_advantages=worker, reward_std=std)
+    result = score_step(scorer, step, worker_advantages=worker)
     assert bool(torch.isfinite(result.advantages).all())
     assert result.advantages[0] == 0.0
     if scorer.tracker is not None:
@@ -234,13 +225,8 @@ def test_spo_plus_plus_prior_is_anchored_at_the_first_dispatch_whatever_the_arri
 
         def step(versions, rewards):
             entries = None if entry is None else [entry] * len(versions)
-            return scorer.baseline(
-                ["x"] * len(versions),
-                torch.tensor(rewards, dtype=torch.float64),
-                versions,
-                torch.zeros(len(versions)),
-                torch.zeros(len(versions)),
-                entry_versions=entries,
+            return scorer.tracker_baseline(
+                ["x"] * len(versions), torch.tensor(rewards, dtype=torch.float64), versions, entry_versions=entries
             )[0]
 
         step([6], [1.0])
@@ -272,22 +258,74 @@ def test_identical_completions_of_a_group_are_separate_outcomes_and_forked_rows_
         SimpleNamespace(group_id=0, model_version=0, rollout_id=rollout, completion="42")
         for rollout in ("r0", "r1", "r1", "r2", "r3")
     ]
-    first, _ = scorer.baseline(
+    first, _ = scorer.tracker_baseline(
         ["x"] * 5,
         torch.ones(5, dtype=torch.float64),
         [0] * 5,
-        torch.zeros(5),
-        torch.zeros(5),
         [_conversation_id(row) for row in rows],
         entry_versions=[0] * 5,
     )
     torch.testing.assert_close(first, torch.full((5,), 0.5, dtype=torch.float64))  # every row: 1 - prior 0.5
     assert scorer.tracker.visits(["x"]).tolist() == [4]
-    nxt, _ = scorer.baseline(
-        ["x"], torch.zeros(1, dtype=torch.float64), [1], torch.zeros(1), torch.zeros(1), entry_versions=[0]
-    )
+    nxt, _ = scorer.tracker_baseline(["x"], torch.zeros(1, dtype=torch.float64), [1], entry_versions=[0])
     # At version 1, relative to the newest event 0: alpha = 0.5 + 4, beta = 0.5.
     assert -nxt.item() == pytest.approx(0.9, abs=1e-12)
     # A row without a rollout id (a worker that does not stamp it) is its own rollout.
     unstamped = SimpleNamespace(group_id=0, model_version=0, completion="42")
     assert _conversation_id(unstamped) != _conversation_id(unstamped)
+
+
+def test_a_group_split_across_two_steps_is_shaped_with_the_whole_group(tmp_path):
+    """The reviewer's group (issue 31 item 10): 4 correct callers at positions 2, 10, 30, 40 of 50 action tokens, each
+    with advantage 0.8 (the worker's, kept by advantage_normalization='group'), scored as two steps of 2. Whole group:
+    mean position 20.5, b_i = -2 (p_i - 20.5) / 50 = 0.74, 0.42, -0.38, -0.78, clipped to 0.7 x 0.8 = 0.56, so
+    1.36, 1.22, 0.42, 0.24. Each half alone (mean positions 6 and 35) gave 0.96, 0.64, 1.00, 0.60."""
+    scorer = StepScorer(config(tmp_path, num_generations=4, tool_shaping=True))
+    group = [("x", 0, 1.0, 50, 0)] * 4
+    positions = torch.tensor([2, 10, 30, 40])
+    advantages = torch.full((4,), 0.8, dtype=torch.float64)
+    in_step = torch.tensor([True, True, False, False])
+
+    first = score_step(scorer, group, advantages, positions, in_step).advantages
+    second = score_step(scorer, group, advantages, positions[[2, 3, 0, 1]], in_step).advantages
+    assert first.tolist() == pytest.approx([1.36, 1.22], abs=1e-12)
+    assert second.tolist() == pytest.approx([0.42, 0.24], abs=1e-12)
+    alone = [score_step(scorer, group[:2], advantages[:2], positions[i : i + 2]) for i in (0, 2)]
+    assert [value for part in alone for value in part.advantages.tolist()] == pytest.approx([0.96, 0.64, 1.0, 0.6])
+
+
+def test_a_group_estimator_gets_each_groups_raw_rewards_with_members_outside_the_step(tmp_path):
+    """Group 0 is split: its rows 0, 1 are in the step, rows 2, 3 (another step's) only enter its mean; a forked
+    conversation's two rows count once. Group 0's conversations: 1.0, 0.0 (forked into rows 1 and 3), 0.5 -> mean 0.5;
+    the unscored row 4 of group 1 takes part in nothing: group 1's mean is 0.2, its own."""
+    scorer = StepScorer(config(tmp_path, num_generations=3, advantage_normalization="batch"))
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, float("nan"), 0.2], dtype=torch.float64)
+    centered = scorer.group_baseline(rewards, torch.tensor([0, 0, 0, 0, 1, 1]), ["a", "b", "c", "b", "d", "e"])
+    assert centered.tolist() == pytest.approx([0.5, -0.5, 0.0, -0.5, 0.0, 0.0], abs=1e-15)
+    scored = scorer.score(
+        keys=["x"] * 6,
+        rewards=rewards,
+        versions=[0] * 6,
+        token_counts=torch.full((6,), 3),
+        group_ids=torch.tensor([0, 0, 0, 0, 1, 1]),
+        worker_advantages=torch.zeros(6),
+        conversations=["a", "b", "c", "b", "d", "e"],
+        in_step=torch.tensor([True, True, False, False, True, True]),
+    )
+    # Normalized over the step's scorable rows only: 0.5, -0.5, 0.0 (mean 0, unbiased std 0.5); the unscored row 0.
+    assert scored.advantages.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-6)
+    # zero_advantage_share over the step's three scorable rows (the unscored one and the other step's are not counted).
+    assert scored.metrics["zero_advantage_share"] == pytest.approx(1 / 3)
+
+
+def test_an_unscorable_sample_takes_part_in_no_statistic(tmp_path):
+    """issue 31 item 12: in a round of 8 with one unscored sample, `zero_advantage_share` is over the 7 scorable ones:
+    group x (1, 1, 1, unscored) gives three zero advantages, group y (1, 0, 1, 0) none, so 3/7 (counting the unscored
+    sample's 0, as before, gave 4/8); shaping's eligible share is over the 7 too (5/7, not 5/8)."""
+    scorer = StepScorer(config(tmp_path, num_generations=4, advantage_normalization="batch", tool_shaping=True))
+    step = [("x", 0, r, 10, 0) for r in (1.0, 1.0, 1.0, float("nan"))] + [("y", 0, r, 10, 1) for r in (1.0, 0.0) * 2]
+    # Every completion calls a tool at position 1; the correct scorable ones (x's three, y's two) are eligible.
+    scored = score_step(scorer, step, tool_positions=torch.ones(8, dtype=torch.long))
+    assert scored.metrics["zero_advantage_share"] == pytest.approx(3 / 7)
+    assert scored.metrics["shaping/eligible_frac"] == pytest.approx(5 / 7)
+    assert scored.advantages[3] == 0.0

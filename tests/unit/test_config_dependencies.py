@@ -11,7 +11,16 @@ import warnings
 import pytest
 
 from trl_aspo import ASPOConfig
-from trl_aspo.config.aspo_config import FIELD_BOUNDS, INDEPENDENT_FIELDS, ASPOFieldsMixin, aspo_field_types
+from trl_aspo.config.aspo_config import (
+    FIELD_BOUNDS,
+    GROUP_ESTIMATOR_ON,
+    INDEPENDENT_FIELDS,
+    PER_VISIT_FORGETTING_ON,
+    REGISTERED_LOSS_ON,
+    TRACKER_ON,
+    ASPOFieldsMixin,
+    aspo_field_types,
+)
 from trl_aspo.config.async_config import ASYNC_INDEPENDENT_FIELDS, ASYNC_UNSUPPORTED_FIELDS, AsyncASPOConfig
 
 SYNC_BASE = dict(output_dir="unused", per_device_train_batch_size=4, num_generations=2, report_to="none", use_cpu=True)
@@ -63,6 +72,8 @@ SPO = {"advantage_estimator": "spo"}
 # Every `aspo_` field's loss_type rule breaks with the base configs' loss_type (TRL's 'dapo' / 'ppo').
 SWITCHED_OFF = {
     **{(name, "loss_type='aspo'"): {} for name in SET if name.startswith("aspo_")},
+    # aspo_aggregation applies to every loss trl-aspo computes (a registered loss_type), not to TRL's.
+    ("aspo_aggregation", REGISTERED_LOSS_ON.needs): {},
     ("aspo_dual_clip", "aspo_dual_clip_pos or aspo_dual_clip_neg left at None"): {
         **ASPO,
         "aspo_dual_clip_pos": 3.0,
@@ -73,7 +84,7 @@ SWITCHED_OFF = {
     ("aspo_flip_decay_steps", "aspo_flip_threshold_start > 0"): ASPO,
     ("aspo_adaptive_kl_entropy_target", "aspo_adaptive_kl_beta set"): ASPO,
     ("overlong_penalty_factor", "overlong_buffer_length set"): {},
-    ("filter_zero_variance_groups", "advantage_estimator='group'"): {"advantage_estimator": "spo++"},
+    ("filter_zero_variance_groups", GROUP_ESTIMATOR_ON.needs): {"advantage_estimator": "spo++"},
     **{
         (name, "tool_shaping=True"): {}
         for name in (
@@ -87,7 +98,7 @@ SWITCHED_OFF = {
     },
     ("tool_call_opener", "tool_call_pattern=None"): {"tool_call_pattern": "```python"},
     **{
-        (name, "advantage_estimator='spo' or 'spo++'"): {}
+        (name, TRACKER_ON.needs): {}
         for name in (
             "value_rho",
             "value_kl_half",
@@ -101,14 +112,14 @@ SWITCHED_OFF = {
             "prioritized_sampling",
         )
     },
-    ("value_rho_mode", "advantage_estimator='spo'"): {"advantage_estimator": "spo++"},
+    ("value_rho_mode", PER_VISIT_FORGETTING_ON.needs): {"advantage_estimator": "spo++"},
     ("value_rho", "value_rho_mode='constant'"): {**SPO, "value_rho_mode": "kl"},
     **{(name, "value_rho_mode='kl'"): SPO for name in ("value_kl_half", "value_rho_min", "value_rho_max")},
     ("value_prior_strength", "value_init_samples > 0 or value_init_file set"): SPO,
     ("priority_epsilon", "prioritized_sampling=True"): SPO,
     # ASPOConfig's own
     ("aspo_adaptive_kl_beta", "beta > 0"): ASPO,
-    ("kl_clamp", "loss_type='aspo'"): {"beta": 0.01},
+    ("kl_clamp", REGISTERED_LOSS_ON.needs): {"beta": 0.01},
     ("kl_clamp", "beta > 0"): ASPO,
     ("aspo_unflipped_fraction", "aspo_unflipped_fraction x generation_batch_size > 0.5"): ASPO,  # 0.1 x 4
     ("lr_schedule_per_generation", "steps_per_generation x num_iterations divisible by gradient_accumulation_steps"): {
@@ -116,7 +127,11 @@ SWITCHED_OFF = {
         "steps_per_generation": 3,
     },
     ("lr_schedule_per_generation", "a lambda schedule other than 'constant'"): {"lr_scheduler_type": "constant"},
-    ("log_weight_map", "loss_type in ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo', 'aspo')"): {
+    (
+        "log_weight_map",
+        "loss_type in ('grpo', 'bnpo', 'dr_grpo', 'dapo', 'luspo') or a registered loss with a weight "
+        "(registered: 'aspo')",
+    ): {
         "loss_type": "cispo",
         "num_iterations": 2,
     },

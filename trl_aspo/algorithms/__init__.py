@@ -2,12 +2,22 @@
 
 Each module states its equation and the paper it follows: `losses` (the asymmetric IS loss, arXiv 2510.06062),
 `kl`, `shaping` (tool-position advantage shaping, arXiv 2508.19201), `normalize` (SPO's batch and SPO++'s
-action-token measure), `filters`, `tool_metrics`, `weight_map`, `lr_schedule`, `aspo_metrics`, `advantage_checks`,
-`packed`. This package is their public path: `from trl_aspo.algorithms import asymmetric_policy_loss`.
+action-token measure), `filters`, `tool_metrics`, `weight_map`, `lr_schedule`, `advantage_checks`, `packed`, and the
+policy-loss registry `policy_losses` (`register_policy_loss`; `aspo_policy_loss` is the aspo loss's registration)
+and the advantage-estimator registry `advantage_estimators` (`register_advantage_estimator`; `group` is registered
+there, `spo`/`spo++` by trl_aspo.values).
+This package is their public path: `from trl_aspo.algorithms import register_policy_loss, PolicyLossInputs`.
 """
 
 from trl_aspo.algorithms.advantage_checks import NonFiniteAdvantageError, advantage_sources, check_finite_advantages
-from trl_aspo.algorithms.aspo_metrics import aspo_metric_ratios, aspo_metric_sums, reduce_ratio_metrics
+from trl_aspo.algorithms.advantage_estimators import (
+    AdvantageEstimator,
+    get_advantage_estimator,
+    group_mean_baseline,
+    register_advantage_estimator,
+    registered_advantage_estimators,
+)
+from trl_aspo.algorithms.aspo_policy_loss import aspo_policy_loss
 from trl_aspo.algorithms.filters import zero_variance_from_std, zero_variance_groups
 from trl_aspo.algorithms.kl import k3_kl
 from trl_aspo.algorithms.losses import (
@@ -22,6 +32,16 @@ from trl_aspo.algorithms.losses import (
 from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
 from trl_aspo.algorithms.normalize import batch_normalize, token_measure_normalize
 from trl_aspo.algorithms.packed import SegmentRows, packed_loss_units
+from trl_aspo.algorithms.policy_losses import (
+    TRL_LOSS_TYPES,
+    PolicyLoss,
+    PolicyLossInputs,
+    RatioMetric,
+    get_policy_loss,
+    reduce_ratio_metrics,
+    register_policy_loss,
+    registered_policy_losses,
+)
 from trl_aspo.algorithms.shaping import (
     CallablePenalty,
     InteractiveTurnBonus,
@@ -43,16 +63,20 @@ from trl_aspo.algorithms.tool_metrics import (
 from trl_aspo.algorithms.weight_map import WeightMapLog, aspo_weight, clipped_ratio_weight, weight_map_sums
 
 __all__ = [
+    "AdvantageEstimator",
     "CallablePenalty",
     "InteractiveTurnBonus",
     "NonFiniteAdvantageError",
+    "PolicyLoss",
+    "PolicyLossInputs",
+    "RatioMetric",
+    "TRL_LOSS_TYPES",
     "SegmentRows",
     "ShapingHook",
     "WeightMapLog",
     "advantage_sources",
     "aggregate_loss",
-    "aspo_metric_ratios",
-    "aspo_metric_sums",
+    "aspo_policy_loss",
     "aspo_weight",
     "asymmetric_policy_loss",
     "batch_normalize",
@@ -61,6 +85,9 @@ __all__ = [
     "entropy_split_mask",
     "ToolCallCounter",
     "first_tool_call_positions",
+    "get_advantage_estimator",
+    "group_mean_baseline",
+    "get_policy_loss",
     "is_correct",
     "is_model_text",
     "k3_kl",
@@ -68,6 +95,10 @@ __all__ = [
     "per_generation_lr_lambda",
     "progressive_flip_threshold",
     "reduce_ratio_metrics",
+    "register_advantage_estimator",
+    "registered_advantage_estimators",
+    "register_policy_loss",
+    "registered_policy_losses",
     "regex_tool_call_positions",
     "repetition_rate",
     "resolve_call_token_ids",

@@ -6,7 +6,6 @@ Each field is declared once, with its help, section, bound, choices, dependencie
 declarations."""
 
 from trl_aspo.config.aspo_config import (
-    ADVANTAGE_ESTIMATORS,
     ADVANTAGE_NORMALIZATIONS,
     ASPO_AGGREGATIONS,
     DERIVED_DEFAULTS,
@@ -14,7 +13,6 @@ from trl_aspo.config.aspo_config import (
     FIELD_DEPENDENCIES,
     INDEPENDENT_FIELDS,
     RESUME_FIELDS,
-    SINGLE_STREAM_ESTIMATORS,
     VALUE_RHO_MODES,
     ASPOConfig,
     ASPOFieldsMixin,
@@ -25,7 +23,6 @@ from trl_aspo.config.aspo_config import (
 from trl_aspo.config.fields import Check, Needs, Section, field_spec
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "ADVANTAGE_NORMALIZATIONS",
     "ASPO_AGGREGATIONS",
     "DERIVED_DEFAULTS",
@@ -33,7 +30,6 @@ __all__ = [
     "FIELD_DEPENDENCIES",
     "INDEPENDENT_FIELDS",
     "RESUME_FIELDS",
-    "SINGLE_STREAM_ESTIMATORS",
     "VALUE_RHO_MODES",
     "ASPOConfig",
     "ASPOFieldsMixin",

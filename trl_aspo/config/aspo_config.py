@@ -17,7 +17,20 @@ from dataclasses import dataclass
 import torch
 from trl import GRPOConfig
 
-from trl_aspo.algorithms.weight_map import WEIGHT_MAP_LOSS_TYPES
+# Registers spo and spo++, whose trackers live in the values layer, before any config is checked.
+import trl_aspo.values.tracker_estimators  # noqa: F401
+from trl_aspo.algorithms.advantage_estimators import (
+    AdvantageEstimator,
+    get_advantage_estimator,
+    registered_advantage_estimators,
+)
+from trl_aspo.algorithms.policy_losses import (
+    get_policy_loss,
+    loss_type_names,
+    losses_reading,
+    registered_policy_losses,
+)
+from trl_aspo.algorithms.weight_map import CLIPPED_RATIO_LOSSES
 from trl_aspo.config.fields import (
     ASYNC,
     SYNC,
@@ -40,11 +53,9 @@ from trl_aspo.config.fields import (
 )
 from trl_aspo.values.tracker import default_prior_strength
 
-ADVANTAGE_ESTIMATORS = ("group", "spo", "spo++")
 ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
 ASPO_AGGREGATIONS = ("token", "sequence")
 VALUE_RHO_MODES = ("constant", "kl")
-SINGLE_STREAM_ESTIMATORS = ("spo", "spo++")
 
 
 def aspo_field_types() -> dict[str, list[str]]:
@@ -55,8 +66,12 @@ def aspo_field_types() -> dict[str, list[str]]:
 
 
 # ---------------------------------------------------------------------------- what the declarations read
-def _single_stream(config) -> bool:
-    return config.advantage_estimator in SINGLE_STREAM_ESTIMATORS
+def _estimator(config) -> AdvantageEstimator:
+    return get_advantage_estimator(config.advantage_estimator)
+
+
+def _tracks_values(config) -> bool:
+    return _estimator(config).tracks_values
 
 
 def _tracker_initialized(config) -> bool:
@@ -73,7 +88,7 @@ def _derived_prior_strength(config) -> float | None:
 
 
 def _derived_normalization(config) -> str:
-    return {"group": "group", "spo": "batch", "spo++": "token"}[config.advantage_estimator]
+    return _estimator(config).default_normalization
 
 
 def _lr_schedule_type(config) -> str:
@@ -101,9 +116,48 @@ def _valid_tool_call_pattern(config, name: str) -> None:
             ) from None
 
 
+def _registered_loss(config) -> bool:
+    return get_policy_loss(config.loss_type) is not None
+
+
+def _weight_map_loss(config) -> bool:
+    registered = get_policy_loss(config.loss_type)
+    return config.loss_type in CLIPPED_RATIO_LOSSES or (registered is not None and registered.weight is not None)
+
+
+def _reads_fields(prefix: str) -> Needs:
+    """The rule of fields named `prefix*`: they act only in a registered loss whose registration reads them."""
+    names = losses_reading(prefix)
+    return Needs(
+        ("loss_type",),
+        " or ".join(f"loss_type={name!r}" for name in names),
+        lambda c: _registered_loss(c) and get_policy_loss(c.loss_type).reads_fields == prefix,
+        f"it only acts in the {' or '.join(names)} loss",
+    )
+
+
+def _on_policy_warning(config) -> None:
+    """A registered loss that only acts off-policy says so when every optimizer step is on-policy (ratio 1)."""
+    registered = get_policy_loss(config.loss_type)
+    if registered is None or registered.on_policy_warning is None:
+        return
+    vllm_corrected = config.use_vllm and config.vllm_importance_sampling_correction
+    on_policy = config.num_iterations == 1 and config.steps_per_generation == config.gradient_accumulation_steps
+    if on_policy and not vllm_corrected:
+        warnings.warn(
+            f"{type(config).__name__}.loss_type={config.loss_type!r} with num_iterations=1 and "
+            f"steps_per_generation == gradient_accumulation_steps: {registered.on_policy_warning}",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 # The switches several fields need.
-ASPO_LOSS_ON = Needs(
-    ("loss_type",), "loss_type='aspo'", lambda c: c.loss_type == "aspo", "it only acts in the aspo loss"
+REGISTERED_LOSS_ON = Needs(
+    ("loss_type",),
+    f"a loss_type trl-aspo computes (registered: {', '.join(repr(name) for name in registered_policy_losses())})",
+    _registered_loss,
+    "TRL's own losses run inside TRL's code, which does not read it",
 )
 TOOL_SHAPING_ON = Needs(
     ("tool_shaping",), "tool_shaping=True", lambda c: c.tool_shaping, "it only acts in tool-position shaping"
@@ -111,11 +165,25 @@ TOOL_SHAPING_ON = Needs(
 
 
 def _needs_tracker(why: str = "it configures the value tracker") -> Needs:
-    return Needs(("advantage_estimator",), "advantage_estimator='spo' or 'spo++'", _single_stream, why)
+    return Needs(
+        ("advantage_estimator",), "a value-tracking advantage_estimator (e.g. 'spo' or 'spo++')", _tracks_values, why
+    )
 
 
 TRACKER_ON = _needs_tracker()
 TRACKER_INITIALIZATION = _needs_tracker("it initializes the value tracker")
+GROUP_ESTIMATOR_ON = Needs(
+    ("advantage_estimator",),
+    "a group advantage_estimator (e.g. 'group'; not a value tracker's)",
+    lambda c: not _tracks_values(c),
+    "a group of one completion always has zero variance",
+)
+PER_VISIT_FORGETTING_ON = Needs(
+    ("advantage_estimator",),
+    "an advantage_estimator with per-visit forgetting (e.g. 'spo')",
+    lambda c: _estimator(c).per_visit_forgetting,
+    "'kl' applies to per-visit forgetting (spo++ ages evidence by policy events)",
+)
 KL_RHO_ON = Needs(
     ("value_rho_mode",),
     "value_rho_mode='kl'",
@@ -128,13 +196,19 @@ _NO_KL_TERM = "AsyncGRPOTrainer has no KL term (no reference model)"
 _NOT_YET = "the asynchronous trainer does not implement it yet"
 
 # -------------------------------------------------------------------------------------------- the sections
+POLICY_LOSS = Section(
+    "Policy loss",
+    "Which per-token loss trains: one of TRL's (computed by TRL's code) or one registered with "
+    "`trl_aspo.algorithms.register_policy_loss` (computed by trl-aspo's shared assembly, with the aggregation "
+    "below).",
+)
 ASPO_LOSS = Section(
     "Asymmetric IS loss",
     "The asymmetric importance-sampling loss (Wang et al. 2025, arXiv 2510.06062), selected with `loss_type='aspo'`: "
     "the flipped ratio for positive-advantage tokens, a one-sided hard clip and a soft dual clip; `epsilon` / "
     "`epsilon_high` keep their TRL meaning (hard-clip offsets below / above 1). Every `aspo_` field needs "
     "loss_type='aspo'.",
-    depends=(ASPO_LOSS_ON,),
+    depends=(_reads_fields("aspo_"),),
 )
 RECIPE = Section(
     "Recipe options of the ASPO reference (Archer2.0)",
@@ -175,6 +249,49 @@ class ASPOFieldsMixin:
     """
 
     _trainer = None
+    # `loss_type` when left at None: the TRL base trainer's own default loss.
+    _default_loss_type = None
+
+    # --- Policy loss --------------------------------------------------------------------------------------------
+    loss_type: str | None = POLICY_LOSS.field(
+        None,
+        help="Per-token policy loss: a loss registered with trl_aspo.algorithms.register_policy_loss ('aspo' = "
+        "the asymmetric IS loss: flipped ratio for positive-advantage tokens, one-sided hard clip, soft dual clip; "
+        "see the aspo_* fields), or TRL's own: for ASPOTrainer GRPOConfig's 'grpo', 'dr_grpo', 'dapo', 'bnpo', "
+        "'cispo', 'sapo', 'luspo', 'vespo'; for AsyncASPOTrainer 'ppo' (AsyncGRPOTrainer's fixed PPO clip on the "
+        "generator's log-probs). None = the TRL trainer's default ('dapo' for ASPOTrainer, 'ppo' for "
+        "AsyncASPOTrainer).",
+        choices=loss_type_names,
+        derived=lambda c: c._default_loss_type,
+        independent="the loss switch",
+        checks=(
+            Check(
+                lambda c: not _registered_loss(c) or getattr(c, "importance_sampling_level", "token") == "token",
+                "must be 'token' with a loss trl-aspo computes (the registered loss takes per-token ratios)",
+                name="importance_sampling_level",
+                only=SYNC,
+            ),
+            Check(
+                lambda c: not _registered_loss(c) or (c.entropy_coef == 0 and not c.use_adaptive_entropy),
+                "the entropy bonus is TRL's own losses' (inline in GRPOTrainer._compute_loss), not supported with a "
+                "registered loss_type; use aspo_adaptive_kl_beta or set 0",
+                name="entropy_coef",
+                only=SYNC,
+            ),
+        ),
+        switch=True,
+    )
+    aspo_aggregation: str = POLICY_LOSS.field(
+        "token",
+        help="How a loss trl-aspo computes (a registered loss_type) turns per-token terms into one number per "
+        "optimizer step, over all its micro-batches and ranks: 'token' = every action token weighs the same (the "
+        "summed token losses divided by the step's action tokens; the synchronous trainer uses TRL's 'dapo' "
+        "normalizer, the generation batch's action tokens per optimizer step, which is the step's own count when "
+        "steps_per_generation = gradient_accumulation_steps), 'sequence' = every completion weighs the same (the "
+        "sum of each completion's token mean divided by the step's completions, TRL's 'grpo').",
+        choices=ASPO_AGGREGATIONS,
+        depends=REGISTERED_LOSS_ON,
+    )
 
     # --- Asymmetric IS loss -------------------------------------------------------------------------------------
     aspo_dual_clip: float = ASPO_LOSS.field(
@@ -201,16 +318,6 @@ class ASPOFieldsMixin:
         help="Soft dual-clip constant for negative-advantage tokens only, as the reference's "
         "`negative_clip_ratio_c`. None = `aspo_dual_clip`. Must be > 1.",
         bound=Bound(1, 100, low_open=True),
-    )
-    aspo_aggregation: str = ASPO_LOSS.field(
-        "token",
-        help="How the aspo loss turns per-token terms into one number per optimizer step, over all its "
-        "micro-batches and ranks: 'token' = every action token weighs the same (the summed token losses divided "
-        "by the step's action tokens; the synchronous trainer uses TRL's 'dapo' normalizer, the generation "
-        "batch's action tokens per optimizer step, which is the step's own count when steps_per_generation = "
-        "gradient_accumulation_steps), 'sequence' = every completion weighs the same (the sum of each "
-        "completion's token mean divided by the step's completions, TRL's 'grpo').",
-        choices=ASPO_AGGREGATIONS,
     )
     aspo_entropy_quantile: float | None = ASPO_LOSS.field(
         None,
@@ -317,16 +424,17 @@ class ASPOFieldsMixin:
         None,
         help="Clamp TRL's per-token k3 KL estimate to [-kl_clamp, kl_clamp], as verl's `low_var_kl` that the "
         "ASPO reference runs (clamp 10; its log-ratio is clamped to [-20, 20] first, for a finite exponential). "
-        "None = TRL's unclamped k3. Needs loss_type='aspo' and beta > 0 (TRL's own losses compute the KL inline "
-        "in GRPOTrainer._compute_loss, which this option does not replace).",
+        "None = TRL's unclamped k3. Needs a loss trl-aspo computes (a registered loss_type, e.g. 'aspo') and beta > "
+        "0 (TRL's own losses compute the KL inline in GRPOTrainer._compute_loss, which this option does not "
+        "replace).",
         bound=Bound(0, 1000, low_open=True),
         depends=(
             Needs(
-                ("loss_type",),
-                "loss_type='aspo'",
-                lambda c: c.loss_type == "aspo",
+                REGISTERED_LOSS_ON.switches,
+                REGISTERED_LOSS_ON.needs,
+                _registered_loss,
                 "TRL's own losses compute the KL inline in GRPOTrainer._compute_loss (one 250-line method, which "
-                "trl-aspo replaces only for its own loss)",
+                "trl-aspo replaces only for the losses it computes)",
                 only=SYNC,
             ),
             Needs(("beta",), "beta > 0", lambda c: c.beta > 0, "with beta=0 there is no KL term", only=SYNC),
@@ -338,12 +446,7 @@ class ASPOFieldsMixin:
         help="Group estimator only: drop from the loss every group whose rewards are all equal (all solved "
         "or all failed; the reference's rejection sampling), so they no longer count in the token mean or the KL "
         "term. Logged as `filter/zero_variance_dropped_share` (the share of completions dropped).",
-        depends=Needs(
-            ("advantage_estimator",),
-            "advantage_estimator='group'",
-            lambda c: c.advantage_estimator == "group",
-            "a group of one completion always has zero variance",
-        ),
+        depends=GROUP_ESTIMATOR_ON,
     )
     overlong_buffer_length: int | None = RECIPE.field(
         None,
@@ -448,18 +551,23 @@ class ASPOFieldsMixin:
     # --- Single-stream value tracking ---------------------------------------------------------------------------
     advantage_estimator: str = SINGLE_STREAM.field(
         "group",
-        help="Baseline of the advantage: 'group' = TRL's mean over the completions of the same prompt; 'spo' "
-        "= a persistent per-prompt Beta value tracker with per-visit forgetting; 'spo++' = the tracker with "
-        "evidence aged by policy events. 'spo'/'spo++' allow num_generations=1.",
-        choices=ADVANTAGE_ESTIMATORS,
-        # GRPOConfig's own num_generations >= 2 check is bypassed for the single-stream estimators (ASPOConfig's
-        # `__post_init__`), so both checks of num_generations are the estimator's.
+        help="Baseline of the advantage, a name registered with trl_aspo.algorithms.register_advantage_estimator: "
+        "'group' = TRL's mean over the completions of the same prompt; 'spo' = a persistent per-prompt Beta value "
+        "tracker with per-visit forgetting; 'spo++' = the tracker with evidence aged by policy events. "
+        "'spo'/'spo++' allow num_generations=1.",
+        choices=lambda trainer: registered_advantage_estimators(),
+        # GRPOConfig's own num_generations >= 2 check is bypassed for the estimators that allow one completion per
+        # prompt (ASPOConfig's `__post_init__`), so both checks of num_generations are the estimator's.
         checks=(
             Check(_positive_generations, "must be a positive integer", name="num_generations", alone=True),
             Check(
-                lambda c: _single_stream(c) or c.num_generations is None or c.num_generations >= 2,
-                "the group baseline needs at least 2 completions per prompt; num_generations=1 requires "
-                "advantage_estimator='spo' or 'spo++'",
+                lambda c: (
+                    _estimator(c).allows_single_completion or c.num_generations is None or c.num_generations >= 2
+                ),
+                lambda c: (
+                    f"advantage_estimator={c.advantage_estimator!r} needs at least 2 completions per prompt; "
+                    "num_generations=1 requires an estimator that allows it (the value trackers 'spo', 'spo++')"
+                ),
                 name="num_generations",
             ),
         ),
@@ -469,17 +577,18 @@ class ASPOFieldsMixin:
     advantage_normalization: str | None = SINGLE_STREAM.field(
         None,
         help="How advantages are scaled after the baseline: 'group' = TRL's `scale_rewards` behaviour (only "
-        "with the group estimator); 'batch' = (A - mean) / std over the generation batch; 'token' = the same "
-        "under the action-token measure (each completion weighted by its action-token count, SPO++). None = "
-        "'group' for the group estimator, 'batch' for spo, 'token' for spo++.",
+        "with the 'group' estimator, which TRL computes itself); 'batch' = (A - mean) / std over the generation "
+        "batch; 'token' = the same under the action-token measure (each completion weighted by its action-token "
+        "count, SPO++). None = the estimator's default: 'group' for the group estimator, 'batch' for spo, 'token' "
+        "for spo++, as registered for any other.",
         choices=ADVANTAGE_NORMALIZATIONS,
         derived=_derived_normalization,
         checks=(
             Check(
-                lambda c: not (_single_stream(c) and c.advantage_normalization == "group"),
+                lambda c: c.advantage_normalization != "group" or _estimator(c).computed_by_trl,
                 lambda c: (
-                    f"'group' scaling needs prompt groups; with advantage_estimator={c.advantage_estimator!r} "
-                    "use 'batch' or 'token'"
+                    "'group' is TRL's own scaling of the group-mean baseline it computes (advantage_estimator="
+                    f"'group'); with advantage_estimator={c.advantage_estimator!r} use 'batch' or 'token'"
                 ),
             ),
             # How the TRL base config combines several reward functions, against the scaling.
@@ -494,7 +603,7 @@ class ASPOFieldsMixin:
                 only=SYNC,
             ),
             Check(
-                lambda c: not (_single_stream(c) and c.multi_objective_aggregation != "sum_then_normalize"),
+                lambda c: not (_tracks_values(c) and c.multi_objective_aggregation != "sum_then_normalize"),
                 "the value tracker learns the weighted total reward, so it must be 'sum_then_normalize'",
                 name="multi_objective_aggregation",
                 only=SYNC,
@@ -534,12 +643,7 @@ class ASPOFieldsMixin:
         "Costs one extra log-prob pass per round and, per visited prompt, its last completion and log-probs in "
         "CPU memory and checkpoints.",
         choices=VALUE_RHO_MODES,
-        depends=Needs(
-            ("advantage_estimator",),
-            "advantage_estimator='spo'",
-            lambda c: c.advantage_estimator == "spo",
-            "'kl' applies to per-visit forgetting (spo++ ages evidence by policy events)",
-        ),
+        depends=PER_VISIT_FORGETTING_ON,
         resume=True,
         unsupported={
             ASYNC: "'kl' needs a log-prob pass on stored completions, which the asynchronous trainer does not run"
@@ -710,8 +814,9 @@ class ASPOFieldsMixin:
         depends=(
             Needs(
                 ("loss_type",),
-                f"loss_type in {WEIGHT_MAP_LOSS_TYPES}",
-                lambda c: c.loss_type in WEIGHT_MAP_LOSS_TYPES,
+                f"loss_type in {CLIPPED_RATIO_LOSSES} or a registered loss with a weight "
+                f"(registered: {', '.join(repr(name) for name in registered_policy_losses())})",
+                _weight_map_loss,
                 "the map needs each token's gradient weight, which trl_aspo.algorithms.weight_map gives for these "
                 "losses",
                 only=SYNC,
@@ -773,7 +878,7 @@ DERIVED_DEFAULTS = derived_defaults(ASPOFieldsMixin)
 
 # Fields that act on their own (switches, or options whose every value means something whatever else is set).
 # loss_type is no field of ASPOFieldsMixin: ASPOConfig's is TRL's, AsyncASPOConfig's is the switch it adds.
-INDEPENDENT_FIELDS = {"loss_type": "AsyncASPOConfig's loss switch", **independent_fields(ASPOFieldsMixin)}
+INDEPENDENT_FIELDS = independent_fields(ASPOFieldsMixin)
 
 # The settings a resumed run compares with its checkpoint's (trl_aspo.trainers.project_state): the fields declared
 # with resume=True, and TrainingArguments' seed (the saved random states and sampler order come from it).
@@ -792,30 +897,11 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
 
     _trainer = SYNC
 
-    # GRPOConfig's field, with a help text that lists the value trl-aspo adds.
-    loss_type: str = ASPO_LOSS.field(
-        "dapo",
-        help="Loss formulation: 'aspo' = trl-aspo's asymmetric IS loss (flipped ratio for positive-advantage "
-        "tokens, one-sided hard clip, soft dual clip; see the aspo_* fields), or one of TRL's: 'grpo', "
-        "'dr_grpo', 'dapo' (default), 'bnpo', 'cispo', 'sapo', 'luspo', 'vespo' (see TRL's GRPOConfig).",
-        checks=(
-            Check(
-                lambda c: c.loss_type != "aspo" or c.importance_sampling_level == "token",
-                "must be 'token' with loss_type='aspo' (the flip acts on per-token ratios)",
-                name="importance_sampling_level",
-            ),
-            Check(
-                lambda c: c.loss_type != "aspo" or (c.entropy_coef == 0 and not c.use_adaptive_entropy),
-                "the entropy bonus is not supported with loss_type='aspo'; use aspo_adaptive_kl_beta or set 0",
-                name="entropy_coef",
-            ),
-        ),
-        switch=True,
-    )
+    _default_loss_type = "dapo"
 
     def __post_init__(self):
         self._validate_aspo_fields()
-        single_stream = self.advantage_estimator in SINGLE_STREAM_ESTIMATORS and self.num_generations == 1
+        single_stream = _estimator(self).allows_single_completion and self.num_generations == 1
         if single_stream:
             # GRPOConfig refuses num_generations < 2 because its group baseline needs two samples; the tracker
             # does not. A 1 that passes that one comparison keeps every divisibility check exact.
@@ -827,25 +913,12 @@ class ASPOConfig(ASPOFieldsMixin, GRPOConfig):
                 self.num_generations = 1
                 self.num_generations_eval = self.num_generations_eval or 1
         check_dependencies(self)
-        self._warn_on_policy_aspo()
+        _on_policy_warning(self)
 
     def optimizer_steps_per_generation(self) -> float:
         """Optimizer steps one generation round feeds: steps_per_generation x num_iterations micro-batches, a step
         every gradient_accumulation_steps of them."""
         return self.steps_per_generation * self.num_iterations / self.gradient_accumulation_steps
-
-    def _warn_on_policy_aspo(self) -> None:
-        """The flip acts only where the ratio differs from 1: warn when every optimizer step is on-policy."""
-        on_policy = self.num_iterations == 1 and self.steps_per_generation == self.gradient_accumulation_steps
-        if self.loss_type == "aspo" and on_policy and not (self.use_vllm and self.vllm_importance_sampling_correction):
-            warnings.warn(
-                "ASPOConfig.loss_type='aspo' with num_iterations=1 and steps_per_generation == "
-                "gradient_accumulation_steps: every optimizer step is on-policy (ratio 1), where the flip changes "
-                "nothing and the loss equals TRL's. Set num_iterations > 1 or steps_per_generation > "
-                "gradient_accumulation_steps (several mini-batches per rollout, as the reference) to make it act.",
-                UserWarning,
-                stacklevel=4,
-            )
 
 
 ASPOConfig.__doc__ += fields_docstring(ASPOConfig)

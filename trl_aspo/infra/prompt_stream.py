@@ -316,7 +316,7 @@ def attach_rollout_tracking(worker, dispatches: PromptDispatches | None) -> None
         TRACKED_LOOPS,
         "attach_rollout_tracking works inside the rollout worker's loop, which only TRL's AsyncRolloutWorker (and "
         "its subclasses) and trl_aspo's LocalRolloutWorker expose; got a {worker}.",
-        "advantage_estimator 'spo'/'spo++': the worker's loop class {loop} has no tracked "
+        "trainer-side scoring: the worker's loop class {loop} has no tracked "
         "counterpart; define a module-level `class MyLoop(TrackedRolloutLoop, "
         "{loop})` and set it as the worker's `_loop_cls`.",
     )

@@ -4,7 +4,8 @@ Per generation round:
 
     prompts --(prioritized sampler)--> TRL generation and rewards --> baseline: group mean | tracker value frozen at
       dispatch --> `AdvantagePipeline` (normalization, tool shaping, checks, metrics; shared with AsyncASPOTrainer)
-      --> per-token loss: TRL's | `aspo_loss` (shared) --> the tracker observes the round before the next dispatch
+      --> per-token loss: TRL's | a registered loss (`assembled_loss`, shared) --> the tracker observes the round
+      before the next dispatch
 
 With every switch of `ASPOConfig` at its default the trainer computes exactly what `GRPOTrainer` computes.
 """
@@ -19,17 +20,18 @@ from accelerate.utils import gather_object
 from datasets import IterableDataset
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_aspo.algorithms.aspo_metrics import reduce_ratio_metrics
+from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
 from trl_aspo.algorithms.filters import zero_variance_groups
-from trl_aspo.algorithms.losses import repetition_rate, unflipped_sample_mask
+from trl_aspo.algorithms.losses import repetition_rate
 from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
+from trl_aspo.algorithms.policy_losses import get_policy_loss, reduce_ratio_metrics
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
-from trl_aspo.config.aspo_config import SINGLE_STREAM_ESTIMATORS, ASPOConfig
+from trl_aspo.config.aspo_config import ASPOConfig
 from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.citations import model_card_paper
 from trl_aspo.trainers.grpo_arguments import as_aspo_config, with_overlong_penalty
-from trl_aspo.trainers.grpo_loss import GRPOLossMixin, action_mask
+from trl_aspo.trainers.grpo_loss import DRAW_PREFIX, GRPOLossMixin, action_mask
 from trl_aspo.trainers.grpo_prepass import GRPOValuePrepassMixin
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
@@ -49,7 +51,6 @@ from trl_aspo.values.single_stream import (
     PromptRows,
     dataset_prompt_keys,
     init_values_from_file,
-    make_value_tracker,
     tracker_rewards,
     tracker_values,
     train_rows,
@@ -113,13 +114,14 @@ class ASPOTrainer(
         if args.prompt_id_column is not None and hasattr(self.train_dataset, "column_names"):
             # Every row's id, checked now (as the asynchronous trainer does), not when a bad row is first drawn.
             dataset_prompt_keys(self.train_dataset, args)
-        self._single_stream = args.advantage_estimator in SINGLE_STREAM_ESTIMATORS
+        self._estimator = get_advantage_estimator(args.advantage_estimator)
+        self._single_stream = self._estimator.tracks_values
         self._value_event = 0
         self._pending_visit = None
         # KL-adaptive rho: per prompt, the completion of its last visit with its post-update log-probs (CPU).
         self._visit_store: dict[str, dict[str, torch.Tensor]] = {}
         self._visit_drift = VisitDrift(args, self.accelerator, self._visit_forward)
-        self._value_tracker = make_value_tracker(args)
+        self._value_tracker = self._estimator.make_tracker(args, False) if self._single_stream else None
         if self._value_tracker is not None and args.value_init_file is not None:
             init_values_from_file(self._value_tracker, args, self.train_dataset)
         self._tool_calls = ToolCallCounter(self._tokenizer, args.tool_call_opener, args.tool_call_pattern)
@@ -219,20 +221,19 @@ class ASPOTrainer(
         rewards_per_func = self._gathered_rewards_per_func
         rewards = total_rewards(rewards_per_func, self.reward_weights)
         scorable = ~torch.isnan(rewards)
+        # TRL lays each prompt's completions out consecutively, `num_generations` at a time.
+        group_ids = torch.arange(len(rewards), device=device) // self.num_generations
         if self._single_stream:
             outcomes = tracker_rewards(rewards, self.args)
             centered = outcomes - dispatch_values.to(device)
             self._log_tracker_metrics(keys, dispatch_values)
         else:
-            grouped = rewards.view(-1, self.num_generations)
-            centered = (grouped - torch.nanmean(grouped, dim=1, keepdim=True)).view(-1)
+            centered = self._estimator(rewards, group_ids, scorable)
             if self.args.filter_zero_variance_groups:
                 scorable = scorable & ~self._drop_zero_variance_groups(rewards, output, inputs)
         correctness = None
         if self.args.tool_shaping_correct_reward is not None:
             correctness = rewards_per_func[:, self.reward_func_names.index(self.args.tool_shaping_correct_reward)]
-        # TRL lays each prompt's completions out consecutively, `num_generations` at a time.
-        group_ids = torch.arange(len(rewards), device=device) // self.num_generations
         scored = self._pipeline.score(
             AdvantageBatch(
                 centered=centered,
@@ -265,10 +266,13 @@ class ASPOTrainer(
             self._logs["advantages"].extend(scored.advantages.tolist())
         if self._single_stream:
             self._observe(keys, outcomes, scorable, output)
-        if self.loss_type == "aspo" and self.args.aspo_unflipped_fraction > 0:
+        policy_loss = get_policy_loss(self.loss_type)
+        if policy_loss is not None and policy_loss.draw is not None:
+            # Drawn once per round on the gathered advantages, seeded alike on every rank.
             generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
-            draw = unflipped_sample_mask(scored.advantages.cpu(), self.args.aspo_unflipped_fraction, generator)
-            output["aspo_unflipped"] = self._local_slice(draw, inputs)
+            for name, draw in policy_loss.draw(scored.advantages.cpu(), self.args, generator).items():
+                output[DRAW_PREFIX + name] = self._local_slice(draw, inputs)
+        self._log_rollout_correction(output)
         completion_repeats = repetition_rate(output["completion_ids"], round_action_mask)
         self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
         self._value_event += 1

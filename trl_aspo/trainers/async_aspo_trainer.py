@@ -4,9 +4,10 @@ and tool shaping (docs/async.md, docs/design.md).
 The rollout worker sees one prompt group at a time, so everything that needs more than a group is done here, on the
 main process, which holds every rank's samples (TRL dispatches batches from it): each optimizer step's samples are
 taken together (`trl_aspo.infra.step_batches`) and scored by `StepScorer` (baseline `R - v(x, z)` with `z` the
-sample's `model_version`) in front of the `AdvantagePipeline` the synchronous trainer calls too. The loss is the
-shared `aspo_loss` on the log-probs of TRL's own packed forward, with the generator's log-probs as the old policy;
-the checkpoint state, the pre-pass accounting and the priorities are the synchronous trainer's functions.
+sample's `model_version`) in front of the `AdvantagePipeline` the synchronous trainer calls too. A registered loss
+runs in the shared `assembled_loss` on the log-probs of TRL's own packed forward, with the generator's log-probs as
+the old policy; the checkpoint state, the pre-pass accounting and the priorities are the synchronous trainer's
+functions.
 
 With every new field at its default the trainer is `AsyncGRPOTrainer`: no scoring layer, TRL's loss.
 """
@@ -26,7 +27,7 @@ from trl.trainer.utils import get_config_model_id
 
 from trl_aspo.algorithms.filters import zero_variance_from_std
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
-from trl_aspo.config.async_config import AsyncASPOConfig
+from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprobs
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
@@ -123,6 +124,10 @@ class AsyncASPOTrainer(
             kwargs["weight_transfer"] = CPUWeightTransfer(
                 args.vllm_server_base_url, server_timeout=args.vllm_server_timeout
             )
+        # Before any model loads. TRL's worker reports vLLM's processed log-probs; a worker that does not say is taken
+        # to do the same.
+        worker = bound.arguments.get("rollout_worker")
+        check_sampling_logprobs(args, True if worker is None else getattr(worker, "reports_processed_logprobs", True))
         # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
@@ -146,7 +151,7 @@ class AsyncASPOTrainer(
             self._ids_by_prompt = prompt_ids_by_content(self.train_dataset, self.args)
         self._prompt_rows = None
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
-        self._prompt_dispatches = self._start_rollout_tracking() if self._scorer.tracker is not None else None
+        self._prompt_dispatches = self._start_rollout_tracking() if self.args.scores_on_trainer else None
         self._warned_untracked_samples = False
         # Tracker states before each scored step that is not trained yet, oldest first (see `_trained_tracker_state`).
         self._untrained_tracker_states: collections.deque[dict] = collections.deque()
@@ -207,13 +212,15 @@ class AsyncASPOTrainer(
 
     # ---------------------------------------------------------------- what the worker records for the tracker
     def _start_rollout_tracking(self) -> PromptDispatches | None:
-        """Make TRL's or the local rollout worker stamp each row with its conversation and (spo++, map-style
-        dataset) its prompt's first dispatch version, recorded in a shared table this returns (None otherwise). Any
-        other worker's rows are scored without them (`_score_step` says so once)."""
+        """Make TRL's or the local rollout worker stamp each row with its conversation (a forked conversation is one
+        outcome, and one member of its group) and, for a tracker that anchors priors at a prompt's first dispatch
+        (spo++) on a map-style dataset, that dispatch's version, recorded in a shared table this returns (None
+        otherwise). Any other worker's rows are scored without them (`_score_step` says so once)."""
         if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
             return None
         dispatches = None
-        if self.args.advantage_estimator == "spo++" and isinstance(self.train_dataset, Dataset):
+        tracker = self._scorer.tracker
+        if tracker is not None and tracker.enters_at_dispatch and isinstance(self.train_dataset, Dataset):
             if not hasattr(self, "_dataset_keys"):
                 self._dataset_keys = dataset_prompt_keys(self.train_dataset, self.args)
             dispatches = PromptDispatches(self._dataset_keys)
@@ -276,7 +283,14 @@ class AsyncASPOTrainer(
                 self._metrics["train"]["filter/zero_variance_dropped_share"].append(share)
 
         batcher.dataset = StepScoringDataset(
-            batcher.dataset, recorder, step_size, self._score_step, self._filtered_out, dropped_share
+            batcher.dataset,
+            recorder,
+            step_size,
+            self._score_step,
+            self._filtered_out,
+            dropped_share,
+            group_size=self.args.num_generations,
+            conversation=_conversation_id,
         )
         self._log_tool_metrics_of(batcher, step_size)
         return dataloader
@@ -292,48 +306,52 @@ class AsyncASPOTrainer(
         for name, value in tool_call_metrics(*statistics.unbind(dim=1)).items():
             self._metrics["train"][f"tools/{name}"].append(value)
 
-    def _score_step(self, samples) -> torch.Tensor:
-        """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order."""
-        masks = [torch.as_tensor(sample.completion_mask) for sample in samples]
-        keys = [self._sample_key(sample) for sample in samples]
+    def _score_step(self, samples, context=()) -> torch.Tensor:
+        """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order. `context`: the
+        members of the step's groups outside the step (`StepScoringDataset`), which only the group statistics read."""
+        rows = [*samples, *context]
+        masks = [torch.as_tensor(sample.completion_mask) for sample in rows]
+        keys = [self._sample_key(sample) for sample in rows]
         if self._scorer.tracker is not None:
             self._untrained_tracker_states.append(self._scorer.tracker.state_dict())
         tool_stats = None
         if self.args.tool_shaping:
-            tool_stats = self._tool_statistics([(sample.input_ids, sample.completion_mask) for sample in samples])
+            tool_stats = self._tool_statistics([(sample.input_ids, sample.completion_mask) for sample in rows])
         scored = self._scorer.score(
             keys=keys,
-            rewards=torch.tensor([sample.metrics["reward"] for sample in samples], dtype=torch.float64),
-            versions=[sample.model_version for sample in samples],
+            rewards=torch.tensor([sample.metrics["reward"] for sample in rows], dtype=torch.float64),
+            versions=[sample.model_version for sample in rows],
             token_counts=torch.stack([mask.sum() for mask in masks]),
-            group_ids=torch.tensor([sample.group_id for sample in samples]),
-            worker_advantages=torch.tensor([sample.advantage for sample in samples], dtype=torch.float64),
-            worker_reward_std=torch.tensor([sample.metrics["reward_std"] for sample in samples], dtype=torch.float64),
+            group_ids=torch.tensor([sample.group_id for sample in rows]),
+            worker_advantages=torch.tensor([sample.advantage for sample in rows], dtype=torch.float64),
             tool_stats=tool_stats,
-            conversations=[_conversation_id(sample) for sample in samples],
-            correctness_scores=self._correctness_scores(samples),
-            texts=lambda: completion_texts(self.processing_class, samples),
-            entry_versions=self._entry_versions(samples),
+            conversations=[_conversation_id(sample) for sample in rows],
+            correctness_scores=self._correctness_scores(rows),
+            texts=lambda: completion_texts(self.processing_class, rows),
+            entry_versions=self._entry_versions(rows),
+            in_step=torch.arange(len(rows)) < len(samples),
         )
         if hasattr(self._scorer.tracker, "advance"):
             self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
         if self._prompt_priorities is not None:
-            self._refresh_priorities(keys)
+            self._refresh_priorities(keys[: len(samples)])
         return scored.advantages
 
     def _entry_versions(self, samples) -> list[int] | None:
-        """spo++: the version each sample's prior is anchored at, its prompt's first dispatch as the worker stamped
-        it (None for the other estimators). What a worker did not stamp is said once: without conversation ids every
-        row counts as its own outcome; without dispatch versions (another rollout worker, a dataset that is not
-        map-style) spo++ anchors at the earliest version scored, which depends on arrival order."""
-        spo_plus_plus = self.args.advantage_estimator == "spo++"
+        """For a tracker that anchors priors at a prompt's first dispatch (spo++): the version each sample's prior is
+        anchored at, as the worker stamped it (None for the other estimators). What a worker did not stamp is said
+        once: without conversation ids every row counts as its own outcome; without dispatch versions (another rollout
+        worker, a dataset that is not map-style) spo++ anchors at the earliest version scored, which depends on
+        arrival order."""
+        tracker = self._scorer.tracker
+        anchored = tracker is not None and tracker.enters_at_dispatch
         stamped = [getattr(sample, "prompt_dispatch_version", None) for sample in samples]
         missing = []
         if any(getattr(sample, "rollout_id", None) is None for sample in samples):
             missing.append("which conversation each row comes from (so every row counts as its own outcome)")
-        if spo_plus_plus and None in stamped:
+        if anchored and None in stamped:
             missing.append(
                 "when its prompt was first dispatched (so spo++ anchors a prompt's prior at its earliest scored "
                 "version, which depends on the order in which samples arrive)"
@@ -344,7 +362,7 @@ class AsyncASPOTrainer(
                 "stamps both for TRL's and the local rollout worker on a map-style dataset."
             )
             self._warned_untracked_samples = True
-        if not spo_plus_plus:
+        if not anchored:
             return None
         return [
             sample.model_version if first is None else first for first, sample in zip(stamped, samples, strict=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trl_aspo.algorithms.papers import SPO_PAPER, SPO_PLUS_PLUS_PAPER, TOOL_SHAPING_PAPER, Paper
+from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
+from trl_aspo.algorithms.papers import TOOL_SHAPING_PAPER, Paper
 from trl_aspo.algorithms.policy_losses import get_policy_loss
 
 
@@ -23,11 +24,7 @@ def papers_used(args: Any) -> list[Paper]:
         used += policy_loss.papers
     if args.tool_shaping:
         used.append(TOOL_SHAPING_PAPER)
-    if args.advantage_estimator == "spo++":
-        # SPO++ builds on SPO's tracker: cite both.
-        used += [SPO_PLUS_PLUS_PAPER, SPO_PAPER]
-    elif args.advantage_estimator == "spo":
-        used.append(SPO_PAPER)
+    used += get_advantage_estimator(args.advantage_estimator).papers
     return list(dict.fromkeys(used))
 
 

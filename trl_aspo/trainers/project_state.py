@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
 from trl_aspo.config.aspo_config import RESUME_FIELDS
 from trl_aspo.trainers.checkpoint_state import (
     STATE_JSON,
@@ -70,7 +71,7 @@ def check_resume_settings(args, saved: dict | None, current: dict, path: str, ha
     for name, (before, after) in changed.items():
         if name not in RESUME_REFUSED:
             logger.warning(f"Resuming from {path}: {name} changes from {before!r} to {after!r}; the new value applies")
-    tracked = args.advantage_estimator in ("spo", "spo++")
+    tracked = get_advantage_estimator(args.advantage_estimator).tracks_values
     fresh = tracked and (not has_tracker or "advantage_estimator" in changed)
     if fresh and not reset:
         raise ValueError(
@@ -87,7 +88,7 @@ def check_resume_settings(args, saved: dict | None, current: dict, path: str, ha
 def require_state_or_reset(args, checkpoint: str, state_name: str) -> None:
     """A checkpoint without trl-aspo state: refused under a value tracker unless `value_reset_on_resume` says to
     start a fresh one on purpose."""
-    if args.advantage_estimator not in ("spo", "spo++"):
+    if not get_advantage_estimator(args.advantage_estimator).tracks_values:
         return
     if not args.value_reset_on_resume:
         raise ValueError(

@@ -1,6 +1,6 @@
-"""Per-prompt value tracking (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870): the trackers, prompt identity, the
-prioritized sampler and value initialization. Imports `algorithms` only; public path:
-`from trl_aspo.values import EventValueTracker`.
+"""Per-prompt value tracking (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870): the trackers, their estimators'
+registrations (`spo`, `spo++`), prompt identity, the prioritized sampler and value initialization. Imports
+`algorithms` only; public path: `from trl_aspo.values import EventValueTracker`.
 """
 
 from trl_aspo.values.event_values import AsyncEventValues
@@ -13,6 +13,7 @@ from trl_aspo.values.tracker import (
     kl_adaptive_rho,
     logprob_drift,
 )
+from trl_aspo.values.tracker_estimators import SPO_ESTIMATOR, SPO_PLUS_PLUS_ESTIMATOR
 from trl_aspo.values.value_init import InitRecords, prepass_plan, read_init_records
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "EventValueTracker",
     "InitRecords",
     "PrioritizedRepeatSampler",
+    "SPO_ESTIMATOR",
+    "SPO_PLUS_PLUS_ESTIMATOR",
     "VisitValueTracker",
     "default_prior_strength",
     "effective_num_prompts",

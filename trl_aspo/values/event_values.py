@@ -120,6 +120,9 @@ class AsyncEventValues:
     ``[[z_i, R_i], ...]``.
     """
 
+    # A prompt's prior is anchored at its first dispatch (`enter`, with the version the worker stamped).
+    enters_at_dispatch = True
+
     def __init__(self, rho: float = 0.875) -> None:
         rho = float(rho)
         if not 0.0 < rho <= 1.0:

@@ -2,14 +2,17 @@
 flow"). `ASPOTrainer` hands over one generation round gathered across ranks, `AsyncASPOTrainer` one optimizer step's
 samples; both call `AdvantagePipeline.score` and log what it returns:
 
-    centered (R - v | R - group mean) --> normalization: group | batch (SPO) | token (SPO++, action-token measure)
-      --> tool-position shaping (arXiv 2508.19201) and its extras --> unscorable samples at 0 --> finite check
-      --> metrics: shaping/*, advantage/p*, zero_advantage_share
+    centered (R - v | a group estimator's, e.g. R - group mean) --> normalization: group | batch (SPO) | token
+      (SPO++, action-token measure) --> tool-position shaping (arXiv 2508.19201) and its extras --> unscorable
+      samples at 0 --> finite check --> metrics: shaping/*, advantage/p*, zero_advantage_share
 
-Only the baseline differs by trainer, because the policy event differs: the synchronous tracker value is frozen when
-the round is dispatched (the trainer reads it then), the asynchronous one is read per sample at its `model_version`
-(`StepScorer.baseline`). A sample without a reward (every reward function abstained: NaN, or an infinite reward) is
-unscorable: advantage 0, no part in any statistic, never observed by the tracker.
+A group estimator (trl_aspo.algorithms.advantage_estimators) is called on the same inputs by both trainers: a
+generation round's rewards, or each group's raw rewards in the asynchronous trainer (`StepScorer.group_baseline`).
+A tracker's baseline differs by trainer, because the policy event differs: the synchronous tracker value is frozen
+when the round is dispatched (the trainer reads it then), the asynchronous one is read per sample at its
+`model_version` (`StepScorer.tracker_baseline`). A sample without a reward (every reward function abstained: NaN, or
+an infinite reward) is unscorable: advantage 0, no part in any statistic (normalization, quantiles,
+`zero_advantage_share`, shaping's means and shares), never observed by the tracker.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trl_aspo.algorithms.advantage_checks import advantage_sources, check_finite_advantages
+from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
 from trl_aspo.algorithms.normalize import batch_normalize, token_measure_normalize
 from trl_aspo.algorithms.shaping import (
     CallablePenalty,
@@ -33,7 +37,7 @@ from trl_aspo.algorithms.shaping import (
     tool_position_bias,
 )
 from trl_aspo.values.event_values import AsyncEventValues
-from trl_aspo.values.single_stream import field_name, init_values_from_file, make_value_tracker, tracker_rewards
+from trl_aspo.values.single_stream import field_name, init_values_from_file, tracker_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -186,7 +190,9 @@ class AdvantageBatch:
     interactive turns (trl_aspo.algorithms.tool_metrics), needed with `tool_shaping`. `correctness`: the rewards
     shaping compares with `tool_shaping_correct_threshold` (the total reward when None). `texts`: the decoded
     completions, asked for only when a shaping extra reads them. `reward_columns`: per-function rewards, named for
-    the message of a non-finite advantage."""
+    the message of a non-finite advantage. `in_batch`: False for the rows that are members of the batch's groups
+    outside it (the asynchronous trainer's neighbouring optimizer steps): they take part in shaping's group means
+    only, get advantage 0 and count in no metric; None: every row is the batch's."""
 
     centered: torch.Tensor
     scorable: torch.Tensor
@@ -198,6 +204,7 @@ class AdvantageBatch:
     correctness: torch.Tensor | None = None
     texts: Callable[[], list[str]] | None = None
     reward_columns: dict[str, torch.Tensor] = field(default_factory=dict)
+    in_batch: torch.Tensor | None = None
 
 
 @dataclass
@@ -216,27 +223,35 @@ class AdvantagePipeline:
         self.shaping_hooks = make_shaping_hooks(args)
 
     def score(self, batch: AdvantageBatch) -> ScoredAdvantages:
-        args, scorable = self.args, batch.scorable
-        centered = torch.where(scorable, batch.centered, torch.zeros_like(batch.centered))
+        args = self.args
+        # The samples every statistic is over: scorable, and the batch's own.
+        counted = batch.scorable if batch.in_batch is None else batch.scorable & batch.in_batch
+        centered = torch.where(counted, batch.centered, torch.zeros_like(batch.centered))
         if args.advantage_normalization == "group":
             advantages = batch.group_advantages
         else:
-            advantages = normalize_advantages(centered, batch.token_counts, scorable, args.advantage_normalization)
+            advantages = normalize_advantages(centered, batch.token_counts, counted, args.advantage_normalization)
         # Without policy-gradient signal from the reward: zero advantage after baseline and normalization.
-        unsignaled = torch.where(scorable, advantages, torch.zeros_like(advantages))
+        unsignaled = torch.where(counted, advantages, torch.zeros_like(advantages))
         metrics: dict[str, float] = {}
         if args.tool_shaping:
-            advantages, shaping_metrics = self.shape(advantages, batch)
+            advantages, shaping_metrics = self.shape(advantages, batch, counted)
             metrics.update(shaping_metrics)
-        advantages = torch.where(scorable, advantages, torch.zeros_like(advantages))
+        advantages = torch.where(counted, advantages, torch.zeros_like(advantages))
         check_finite_advantages(advantages, advantage_sources(args, {"reward": batch.rewards, **batch.reward_columns}))
-        metrics.update(advantage_quantiles(unsignaled[scorable]))
-        metrics["zero_advantage_share"] = (
-            torch.isclose(unsignaled, torch.zeros_like(unsignaled), atol=1e-6).float().mean().item()
-        )
+        metrics.update(advantage_quantiles(unsignaled[counted]))
+        if bool(counted.any()):
+            signals = unsignaled[counted]
+            metrics["zero_advantage_share"] = (
+                torch.isclose(signals, torch.zeros_like(signals), atol=1e-6).float().mean().item()
+            )
         return ScoredAdvantages(advantages=advantages, metrics=metrics)
 
-    def shape(self, advantages: torch.Tensor, batch: AdvantageBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def shape(
+        self, advantages: torch.Tensor, batch: AdvantageBatch, counted: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Shaped advantages of every row (group means over every row of `batch`, members outside it included) and
+        the shaping metrics over the `counted` rows."""
         if batch.tool_stats is None:
             raise ValueError("tool_shaping needs the position of each completion's first tool call (tool_stats).")
         positions, lengths, calls, turns = batch.tool_stats.unbind(dim=1)
@@ -246,8 +261,8 @@ class AdvantagePipeline:
             texts = batch.texts() if batch.texts is not None else []
             for hook in self.shaping_hooks:
                 bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
-        metrics = {f"shaping/{name}": value for name, value in shaping_stats(bias, eligible).items()}
-        return advantages + bias, metrics
+        stats = shaping_stats(bias[counted], eligible[counted.to(eligible.device)])
+        return advantages + bias, {f"shaping/{name}": value for name, value in stats.items()}
 
 
 def advantage_quantiles(advantages: torch.Tensor) -> dict[str, float]:
@@ -261,25 +276,42 @@ def advantage_quantiles(advantages: torch.Tensor) -> dict[str, float]:
 
 
 class StepScorer:
-    """The asynchronous trainer's baseline (`R - v(x, z)` at each sample's version `z`, or the rollout worker's group
-    z-score) in front of `AdvantagePipeline`: holds the value tracker for the trainer's whole life."""
+    """The asynchronous trainer's baseline in front of `AdvantagePipeline`: `R - v(x, z)` at each sample's version `z`
+    for a tracker estimator (the tracker is held for the trainer's whole life), the registered group estimator on
+    each group's raw rewards, or the rollout worker's group z-score where `advantage_normalization='group'` keeps
+    TRL's own advantage."""
 
     def __init__(self, args, train_dataset=None) -> None:
         self.args = args
+        self.estimator = get_advantage_estimator(args.advantage_estimator)
         self.pipeline = AdvantagePipeline(args)
-        self.tracker = make_value_tracker(args, asynchronous=True)
+        self.tracker = self.estimator.make_tracker(args, True) if self.estimator.tracks_values else None
         if self.tracker is not None and args.value_init_file is not None:
             init_values_from_file(self.tracker, args, train_dataset)
         # `R - v` of the last batch's conversations, for rows of one forked conversation split across two batches.
         self._previous_conversations: dict[object, float] = {}
 
-    def baseline(
+    def group_baseline(
+        self, rewards: torch.Tensor, group_ids: torch.Tensor, conversations: list[object] | None = None
+    ) -> torch.Tensor:
+        """The group estimator's advantages (B,) of raw rewards, 0 where unscorable, with one entry per conversation:
+        TRL's worker forks a conversation whose re-tokenization drifts into rows sharing its reward, which counts once
+        in the group's statistics (as in the worker's own z-score); each of its rows gets the conversation's value.
+        `conversations`: one hashable id per row (None: each row its own)."""
+        conversations = list(range(len(rewards))) if conversations is None else conversations
+        first_rows: dict[object, int] = {}
+        for row, conversation in enumerate(conversations):
+            first_rows.setdefault(conversation, row)
+        slot = {conversation: index for index, conversation in enumerate(first_rows)}
+        firsts = torch.tensor(list(first_rows.values()), dtype=torch.long)
+        per_conversation = self.estimator(rewards[firsts], group_ids[firsts].long(), ~torch.isnan(rewards[firsts]))
+        return per_conversation[torch.tensor([slot[conversation] for conversation in conversations], dtype=torch.long)]
+
+    def tracker_baseline(
         self,
         keys: list[str],
         rewards: torch.Tensor,
         versions: list[int],
-        worker_advantages: torch.Tensor,
-        worker_reward_std: torch.Tensor,
         conversations: list[object] | None = None,
         entry_versions: list[int] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -295,12 +327,6 @@ class StepScorer:
         or the previous one) take the first row's `R - v`."""
         scorable = ~torch.isnan(rewards)
         metrics: dict[str, float] = {}
-        if self.tracker is None:
-            advantages = worker_advantages.double()
-            if self.args.advantage_normalization != "group":
-                # The worker's z-score is (R - mean) / (std + 1e-8) with the group's population std: undo the scale.
-                advantages = advantages * (worker_reward_std.double().nan_to_num(0.0) + 1e-8)
-            return torch.where(scorable, advantages, torch.zeros_like(advantages)), metrics
         outcomes = tracker_rewards(rewards.double(), self.args)
         conversations = [object() for _ in keys] if conversations is None else conversations  # each row its own
         centered = torch.zeros_like(outcomes)
@@ -346,34 +372,53 @@ class StepScorer:
         token_counts: torch.Tensor,
         group_ids: torch.Tensor,
         worker_advantages: torch.Tensor,
-        worker_reward_std: torch.Tensor,
         tool_stats: torch.Tensor | None = None,
         conversations: list[object] | None = None,
         correctness_scores: torch.Tensor | None = None,
         texts: Callable[[], list[str]] | None = None,
         entry_versions: list[int] | None = None,
         tool_positions: torch.Tensor | None = None,
+        in_step: torch.Tensor | None = None,
     ) -> ScoredAdvantages:
-        """Baseline, then `AdvantagePipeline.score`, of one batch (all tensors (B,), in arrival order).
+        """Baseline, then `AdvantagePipeline.score`, of one optimizer step (all tensors (B,), in arrival order);
+        returns the advantages of the step's rows.
 
+        `in_step` (B,) bool: False for the rows that are members of the step's groups outside it (a group the step
+        holds only part of, with its members of the previous step or read ahead): they enter the group statistics
+        (the group estimator's baseline, shaping's means), never the tracker, the normalization or a metric.
         `tool_stats`: (B, 4) from trl_aspo.algorithms.tool_metrics, needed with `tool_shaping` (or only
         `tool_positions`, the first calls' positions, when no shaping extra reads calls or turns). `conversations`,
-        `entry_versions`: see `baseline`. `correctness_scores`, `texts`: see `AdvantageBatch`.
+        `entry_versions`: see `tracker_baseline`. `correctness_scores`, `texts`: see `AdvantageBatch`.
 
         An infinite total reward leaves its sample unscored (as `ASPOTrainer` treats it: TRL's None), and a
         non-finite worker advantage (the z-score of a group that held one) becomes 0, with a warning, so one bad
         reward cannot turn the step's statistics into NaN."""
-        rewards, worker_advantages = unscorable_if_infinite_totals(rewards, worker_advantages)
-        centered, metrics = self.baseline(
-            keys, rewards, versions, worker_advantages, worker_reward_std, conversations, entry_versions
-        )
+        rewards, worker_advantages = unscorable_if_infinite_totals(rewards.double(), worker_advantages)
+        scorable = ~torch.isnan(rewards)
+        in_step = torch.ones_like(scorable) if in_step is None else in_step.bool()
+        metrics: dict[str, float] = {}
+        if self.tracker is not None:
+            rows = in_step.nonzero().flatten().tolist()
+            centered = torch.zeros_like(rewards)
+            centered[in_step], metrics = self.tracker_baseline(
+                [keys[i] for i in rows],
+                rewards[in_step],
+                [versions[i] for i in rows],
+                None if conversations is None else [conversations[i] for i in rows],
+                None if entry_versions is None else [entry_versions[i] for i in rows],
+            )
+        elif self.args.advantage_normalization == "group":
+            # TRL's own advantage (the group estimator, normalized by the rollout worker): kept as it is.
+            centered = torch.where(scorable, worker_advantages.double(), torch.zeros_like(rewards))
+        else:
+            centered = self.group_baseline(rewards, group_ids, conversations)
         if tool_stats is None and tool_positions is not None:
             unknown = torch.zeros_like(tool_positions)
             tool_stats = torch.stack([tool_positions, token_counts.to(tool_positions), unknown, unknown], dim=1)
         scored = self.pipeline.score(
             AdvantageBatch(
                 centered=centered,
-                scorable=~torch.isnan(rewards),
+                scorable=scorable,
                 token_counts=token_counts,
                 group_ids=group_ids,
                 rewards=rewards,
@@ -381,7 +426,9 @@ class StepScorer:
                 tool_stats=tool_stats,
                 correctness=correctness_scores,
                 texts=texts,
+                in_batch=in_step,
             )
         )
+        scored.advantages = scored.advantages[in_step]
         scored.metrics.update(metrics)
         return scored

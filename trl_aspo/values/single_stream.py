@@ -1,7 +1,8 @@
 """The value tracker's lifecycle, the same in both trainers (SPO, arXiv 2509.13232; SPO++, arXiv 2608.24870):
 
-- `make_value_tracker`: spo: `VisitValueTracker`; spo++: `EventValueTracker` synchronously (event = generation
-  round), `AsyncEventValues` asynchronously (event = the sample's model version, order-invariant);
+- the trackers themselves come from the estimator's registration (trl_aspo.values.tracker_estimators): spo:
+  `VisitValueTracker`; spo++: `EventValueTracker` synchronously (event = generation round), `AsyncEventValues`
+  asynchronously (event = the sample's model version, order-invariant);
 - prompt identity: `dataset_prompt_keys`, `prompt_ids_by_content`;
 - priors: `init_values_from_file`, and `init_values_from_samples` for the value pre-pass of either trainer;
 - what the tracker learns: the total reward mapped by `value_reward_range` onto [0, 1] (`tracker_rewards`);
@@ -38,17 +39,6 @@ def field_name(args, name: str) -> str:
 
 
 # ---------------------------------------------------------------- 1. tracker lifecycle
-def make_value_tracker(args, asynchronous: bool = False) -> ValueTracker | None:
-    """The tracker `args.advantage_estimator` asks for (None for the group baseline). The policy event of spo++ is
-    the generation round synchronously (`EventValueTracker`) and the sample's model version asynchronously
-    (`AsyncEventValues`, order-invariant)."""
-    if args.advantage_estimator == "spo++":
-        return AsyncEventValues(rho=args.value_rho) if asynchronous else EventValueTracker(rho=args.value_rho)
-    if args.advantage_estimator == "spo":
-        return VisitValueTracker()
-    return None
-
-
 def dataset_prompt_keys(dataset, args) -> list[str]:
     """The tracker key of every row: `prompt_id_column`'s value when set, else a hash of the prompt."""
     column = args.prompt_id_column

@@ -273,6 +273,9 @@ class EventValueTracker:
     prior of a prompt first drawn at event 40 therefore ages from 40, not from 0.
     """
 
+    # A prompt's prior is anchored at its first dispatch (`enter`, which the trainer calls when it dispatches).
+    enters_at_dispatch = True
+
     def __init__(self, rho: float = 0.875) -> None:
         self.rho = _validate_rho(rho)
         # key -> [alpha_e, beta_e, e]
@@ -450,6 +453,9 @@ class VisitValueTracker:
     appear several times in one call are updated sequentially in the given order. Unseen keys start at
     Beta(0.5, 0.5).
     """
+
+    # No policy event: nothing is anchored at a prompt's first dispatch.
+    enters_at_dispatch = False
 
     def __init__(self) -> None:
         # key -> [alpha, beta]

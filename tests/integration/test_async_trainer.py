@@ -287,7 +287,7 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
 def test_progressive_flip_threshold_decays_over_optimizer_steps(tmp_path, tokenizer, monkeypatch):
     """`aspo_flip_threshold_start` / `aspo_flip_decay_steps` act in the packed loss as in ASPOTrainer: the threshold
     falls linearly from 0.4 at step 0 to 0 at step 2."""
-    import trl_aspo.trainers.loss_assembly as async_trainer
+    import trl_aspo.algorithms.aspo_policy_loss as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.algorithms.losses import asymmetric_policy_loss
 
@@ -330,7 +330,7 @@ def test_tool_shaping_correct_reward_must_name_a_scored_function(tmp_path, token
 def test_per_completion_loss_options_in_the_packed_loss(tmp_path, tokenizer, monkeypatch):
     """Sequence aggregation, the per-completion entropy split and the unflipped share act on the packed batch's
     samples (`segment_id`), checked against a per-sample recomputation from the flat packed targets."""
-    import trl_aspo.trainers.loss_assembly as async_trainer
+    import trl_aspo.algorithms.aspo_policy_loss as async_trainer
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.algorithms.losses import asymmetric_policy_loss, entropy_split_mask
 

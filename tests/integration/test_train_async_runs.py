@@ -37,3 +37,36 @@ def test_trl_aspo_evaluate_reads_an_async_config(tmp_path):
     assert main([*argv, "--limit", "2", "--output", str(output)]) == 0
     evaluation = json.loads(output.read_text())
     assert evaluation["settings"]["max_completion_length"] == 64
+
+
+@pytest.mark.slow
+def test_the_spo_pp_recipe_config_runs(tmp_path):
+    """configs/spo_pp_async.yaml (the SPO++ asynchronous recipe, issue 30) through `trl-aspo train`, shortened: the
+    run ends with its model and curves, and the recipe's fields reach the trainer (the decoupled objective's
+    diagnostics are checked in tests/integration/test_async_decoupled.py)."""
+    from trl_aspo.cli.main import main
+
+    output_dir = tmp_path / "spo_pp"
+    overrides = ["--max_steps", "2", "--builtin_train_size", "8", "--value_init_samples", "2"]
+    assert main(["train", "--config", "configs/spo_pp_async.yaml", "--output_dir", str(output_dir), *overrides]) == 0
+    args = torch.load(output_dir / "training_args.bin", weights_only=False)
+    recipe = {
+        "advantage_estimator": "spo++",
+        "value_rho": 0.875,
+        "advantage_normalization": "token",
+        "value_prior_strength": 8.0,
+        "prioritized_sampling": True,
+        "priority_epsilon": 0.05,
+        "loss_type": "ppo",
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": 2.0,
+        "vllm_importance_sampling_clip_min": None,
+        "num_generations": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+    }
+    assert {name: getattr(args, name) for name in recipe} == recipe
+    assert (output_dir / "model.safetensors").exists() and (output_dir / "training_curves.png").stat().st_size > 0

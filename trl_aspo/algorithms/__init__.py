@@ -9,6 +9,8 @@ there, `spo`/`spo++` by trl_aspo.values).
 This package is their public path: `from trl_aspo.algorithms import register_policy_loss, PolicyLossInputs`.
 """
 
+# Imported for its registration of loss_type="aspo" (the module, not a name: `get_policy_loss("aspo")`).
+from trl_aspo.algorithms import aspo_policy_loss as _aspo_registration  # noqa: F401
 from trl_aspo.algorithms.advantage_checks import NonFiniteAdvantageError, advantage_sources, check_finite_advantages
 from trl_aspo.algorithms.advantage_estimators import (
     AdvantageEstimator,
@@ -17,7 +19,6 @@ from trl_aspo.algorithms.advantage_estimators import (
     register_advantage_estimator,
     registered_advantage_estimators,
 )
-from trl_aspo.algorithms.aspo_policy_loss import aspo_policy_loss
 from trl_aspo.algorithms.filters import zero_variance_from_std, zero_variance_groups
 from trl_aspo.algorithms.kl import k3_kl
 from trl_aspo.algorithms.losses import (
@@ -76,7 +77,6 @@ __all__ = [
     "WeightMapLog",
     "advantage_sources",
     "aggregate_loss",
-    "aspo_policy_loss",
     "aspo_weight",
     "asymmetric_policy_loss",
     "batch_normalize",

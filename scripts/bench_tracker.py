@@ -24,8 +24,8 @@ import time
 
 import torch
 
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts
-from trl_aspo.values.tracker import EventValueTracker
 
 
 def bench(num_prompts: int, batch: int, rounds: int, seed: int = 0) -> dict[str, float]:

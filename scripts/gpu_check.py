@@ -89,9 +89,10 @@ from trl_aspo.algorithms.losses import (
     unflipped_sample_mask,
 )
 from trl_aspo.algorithms.tool_metrics import first_tool_call_positions
+from trl_aspo.values.event_tracker import EventValueTracker
+from trl_aspo.values.kl_rho import kl_adaptive_rho, logprob_drift
 from trl_aspo.values.scoring import normalize_advantages, tool_shaping_bias
 from trl_aspo.values.single_stream import tracker_rewards
-from trl_aspo.values.tracker import EventValueTracker, kl_adaptive_rho, logprob_drift
 
 GOAL_RATIO = 1.02
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

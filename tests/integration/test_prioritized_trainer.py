@@ -15,9 +15,9 @@ import torch
 from helpers import digit_share_reward
 
 from trl_aspo import ASPOTrainer
+from trl_aspo.values import EventValueTracker, VisitValueTracker
 from trl_aspo.values.prompt_ids import prompt_key
 from trl_aspo.values.sampler import PrioritizedRepeatSampler
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 
 class DrawLog:

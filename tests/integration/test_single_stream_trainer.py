@@ -17,9 +17,9 @@ from helpers import digit_share_reward
 
 from trl_aspo import ASPOTrainer
 from trl_aspo.trainers.checkpoint_state import load_checkpoint_state
+from trl_aspo.values import EventValueTracker, VisitValueTracker
 from trl_aspo.values.prompt_ids import prompt_key
 from trl_aspo.values.sampler import PrioritizedRepeatSampler
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 RHO = 0.875
 PRIOR = 0.5

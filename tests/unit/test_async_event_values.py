@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
+from trl_aspo.values import EventValueTracker
 from trl_aspo.values.event_values import AsyncEventValues
-from trl_aspo.values.tracker import EventValueTracker
 
 
 def reference_value(outcomes, version, rho, prior=(0.5, 0.5, 0)):

@@ -17,8 +17,8 @@ from trl_aspo.trainers.checkpoint_state import (
     load_checkpoint_state,
     save_checkpoint_state,
 )
+from trl_aspo.values import EventValueTracker, VisitValueTracker
 from trl_aspo.values.event_values import AsyncEventValues
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 # ---------------------------------------------------------------- format
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from trl.trainer.utils import RepeatSampler
 
+from trl_aspo.values import EventValueTracker, VisitValueTracker
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts, priority_weights
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 
 
 def test_priority_weights_hand_numbers():

@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from trl_aspo.values.prompt_ids import prompt_key, prompt_keys
-from trl_aspo.values.tracker import (
+from trl_aspo.values import (
     EventValueTracker,
     VisitValueTracker,
     default_prior_strength,
     kl_adaptive_rho,
     logprob_drift,
 )
+from trl_aspo.values.prompt_ids import prompt_key, prompt_keys
 
 # ----------------------------------------------------------------------------------------------------------- SPO
 

@@ -34,7 +34,7 @@ def test_value_init_jsonl_with_pseudo_counts(tmp_path):
     path.write_text(json.dumps({"prompt_id": "a", "alpha": "2", "beta": 1}))
     with pytest.raises(ValueError, match="needs numeric 'alpha' and 'beta'"):
         read_init_records(str(path), None)
-    from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
+    from trl_aspo.values import EventValueTracker, VisitValueTracker
 
     for tracker in (EventValueTracker(), VisitValueTracker()):
         with pytest.raises(ValueError, match="'a'.*finite, >= 0 and not both 0"):

@@ -1,7 +1,7 @@
 """Advantage normalization over a whole generation batch (gathered across ranks) for single-stream training.
 
-With a per-prompt tracker baseline (see :mod:`trl_aspo.values.tracker`) there are no groups, so advantages
-``A_i = R_i - v_x`` are normalized over the whole batch instead:
+With a per-prompt tracker baseline (see :mod:`trl_aspo.values.visit_tracker`, :mod:`trl_aspo.values.event_tracker`)
+there are no groups, so advantages ``A_i = R_i - v_x`` are normalized over the whole batch instead:
 
 * :func:`batch_normalize` -- SPO (Xu & Ding 2025, arXiv 2509.13232)::
 

@@ -32,7 +32,7 @@ def load_value_state(checkpoint_dir: str) -> dict[str, Any]:
 
 def value_records(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per tracked prompt (sorted by key) from a saved trl-aspo state."""
-    from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
+    from trl_aspo.values import EventValueTracker, VisitValueTracker
 
     tracker_state = state.get("tracker")
     if tracker_state is None:

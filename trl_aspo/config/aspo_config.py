@@ -51,7 +51,7 @@ from trl_aspo.config.fields import (
     resume_fields,
     shared_dependencies,
 )
-from trl_aspo.values.tracker import default_prior_strength
+from trl_aspo.values.beta_counts import default_prior_strength
 
 ADVANTAGE_NORMALIZATIONS = ("group", "batch", "token")
 ASPO_AGGREGATIONS = ("token", "sequence")

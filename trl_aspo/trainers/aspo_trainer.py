@@ -37,6 +37,7 @@ from trl_aspo.trainers.project_state import restore_project_state, save_project_
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.trainers.visit_drift import VisitDrift
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.prompt_ids import prompt_keys
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts
 from trl_aspo.values.scoring import (
@@ -55,7 +56,6 @@ from trl_aspo.values.single_stream import (
     tracker_values,
     train_rows,
 )
-from trl_aspo.values.tracker import EventValueTracker
 
 
 class ASPOTrainer(

@@ -220,7 +220,7 @@ class AsyncASPOTrainer(
             return None
         dispatches = None
         tracker = self._scorer.tracker
-        if tracker is not None and tracker.enters_at_dispatch and isinstance(self.train_dataset, Dataset):
+        if tracker is not None and tracker.ages_by_event and isinstance(self.train_dataset, Dataset):
             if not hasattr(self, "_dataset_keys"):
                 self._dataset_keys = dataset_prompt_keys(self.train_dataset, self.args)
             dispatches = PromptDispatches(self._dataset_keys)
@@ -346,7 +346,7 @@ class AsyncASPOTrainer(
         worker, a dataset that is not map-style) spo++ anchors at the earliest version scored, which depends on
         arrival order."""
         tracker = self._scorer.tracker
-        anchored = tracker is not None and tracker.enters_at_dispatch
+        anchored = tracker is not None and tracker.ages_by_event
         stamped = [getattr(sample, "prompt_dispatch_version", None) for sample in samples]
         missing = []
         if any(getattr(sample, "rollout_id", None) is None for sample in samples):

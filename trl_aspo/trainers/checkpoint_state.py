@@ -28,8 +28,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from trl_aspo.infra.json_files import read_json, write_json_atomic
+from trl_aspo.values.event_tracker import check_event_tracker_state
 from trl_aspo.values.event_values import check_async_event_values_state
-from trl_aspo.values.tracker import check_event_tracker_state, check_visit_tracker_state
+from trl_aspo.values.visit_tracker import check_visit_tracker_state
 
 STATE_JSON = "aspo_state.json"
 STATE_TENSORS = "aspo_state.safetensors"

@@ -10,9 +10,9 @@ import inspect
 import torch
 from tqdm.auto import tqdm
 
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.scoring import total_rewards
 from trl_aspo.values.single_stream import init_values_from_samples, prepass_prompts, tracker_rewards
-from trl_aspo.values.tracker import EventValueTracker
 from trl_aspo.values.value_init import prepass_plan
 
 

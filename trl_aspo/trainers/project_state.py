@@ -20,9 +20,9 @@ from trl_aspo.trainers.checkpoint_state import (
     load_checkpoint_state,
     save_checkpoint_state,
 )
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.event_values import AsyncEventValues
 from trl_aspo.values.single_stream import ValueTracker, field_name
-from trl_aspo.values.tracker import EventValueTracker
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ update that used it. At the next visit, after this visit's update,
     D = masked mean |lp_stored - lp_now| over the stored completion's action tokens,   rho = clip(2^(-D / D_half),
     rho_min, rho_max)
 
-(`trl_aspo.values.tracker.logprob_drift`, `kl_adaptive_rho`); a first visit has D = 0. A round's outcomes therefore
+(`trl_aspo.values.kl_rho.logprob_drift`, `kl_adaptive_rho`); a first visit has D = 0. A round's outcomes therefore
 wait ("pending") for the updates that use it, and enter the tracker at the next dispatch. The synchronous trainer
 owns the pending round and the store; `VisitDrift` snapshots, measures and closes them.
 """
@@ -20,7 +20,8 @@ import torch
 from accelerate.utils import gather_object
 
 from trl_aspo.trainers.multimodal_visits import batch_multimodal_inputs, split_multimodal_inputs
-from trl_aspo.values.tracker import VisitValueTracker, kl_adaptive_rho, logprob_drift
+from trl_aspo.values.kl_rho import kl_adaptive_rho, logprob_drift
+from trl_aspo.values.visit_tracker import VisitValueTracker
 
 
 class VisitDrift:

@@ -14,7 +14,8 @@ initialization from counts. The asynchronous trainer enters each sample with its
 which the rollout worker records when it hands the prompt out (trl_aspo.infra.prompt_stream), so ``z0`` is fixed before
 any sample of the prompt arrives. The value is a function of the *set* of visible outcomes and entered versions,
 never of the order in which they arrived. In the synchronous limit (version ``q`` scored after every outcome of
-versions ``< q`` was observed) it equals :class:`trl_aspo.values.tracker.EventValueTracker` at dispatch event ``q``.
+versions ``< q`` was observed) it equals :class:`trl_aspo.values.event_tracker.EventValueTracker` at dispatch event
+``q``.
 
 Numerics: the ratio does not depend on a common factor, so it is evaluated relative to the newest contributing event
 ``r <= z`` (every weight ``rho^(r - .) <= 1``, the newest 1): no ``rho^-z`` blow-up, and no 0/0 after long gaps.
@@ -31,21 +32,23 @@ from typing import Any
 
 import torch
 
-from trl_aspo.values.tracker import (
-    MAX_COUNT,
+from trl_aspo.values.beta_counts import (
     PRIOR_ALPHA,
     PRIOR_BETA,
     Numbers,
-    _jeffreys_prior,
-    _mapping,
-    _validate_pseudo_counts,
-    _validate_rewards,
+    jeffreys_prior,
+    validate_pseudo_counts,
+    validate_rewards,
+)
+from trl_aspo.values.state_checks import (
+    MAX_COUNT,
     check_entry,
     check_event,
     check_pseudo_counts,
     check_reward,
     check_rho,
     check_visits,
+    state_mapping,
 )
 
 
@@ -61,16 +64,16 @@ def check_async_event_values_state(state_dict: dict[str, Any], where: str = "tra
     horizon = state_dict.get("horizon")
     if isinstance(horizon, bool) or not isinstance(horizon, int) or not 0 <= horizon <= MAX_COUNT:
         raise ValueError(f"{where}.horizon must be an integer in [0, {MAX_COUNT}], got {horizon!r}.")
-    priors = _mapping(state_dict, "prior", where)
+    priors = state_mapping(state_dict, "prior", where)
     for key, entry in priors.items():
         alpha, beta, version = check_entry(entry, f"{where}.prior", key, ("alpha", "beta", "version"))
         check_pseudo_counts(alpha, beta, f"{where}.prior", key)
         check_event(version, f"{where}.prior", key, "version")
     for field in ("folded", "window"):
-        for key in _mapping(state_dict, field, where):
+        for key in state_mapping(state_dict, field, where):
             if key not in priors:
                 raise ValueError(f"{where}.{field} of prompt key {key!r}: the key has no entry in {where}.prior.")
-    for key, entry in _mapping(state_dict, "folded", where).items():
+    for key, entry in state_mapping(state_dict, "folded", where).items():
         a, b, version = check_entry(entry, f"{where}.folded", key, ("a", "b", "version"))
         check_pseudo_counts(a, b, f"{where}.folded", key)
         check_event(version, f"{where}.folded", key, "version")
@@ -79,7 +82,7 @@ def check_async_event_values_state(state_dict: dict[str, Any], where: str = "tra
                 f"{where}.folded of prompt key {key!r}: version {version} must be older than the horizon {horizon} "
                 "(only outcomes older than the horizon are folded)."
             )
-    for key, outcomes in _mapping(state_dict, "window", where).items():
+    for key, outcomes in state_mapping(state_dict, "window", where).items():
         if not isinstance(outcomes, list):
             raise ValueError(f"{where}.window of prompt key {key!r} must be a list, got {type(outcomes).__name__}.")
         for outcome in outcomes:
@@ -120,8 +123,9 @@ class AsyncEventValues:
     ``[[z_i, R_i], ...]``.
     """
 
-    # A prompt's prior is anchored at its first dispatch (`enter`, with the version the worker stamped).
-    enters_at_dispatch = True
+    # Evidence ages by policy events (model versions): `enter`, `value` and `observe` take them, and a prompt's prior
+    # is anchored at its first dispatch (`enter`, with the version the worker stamped).
+    ages_by_event = True
 
     def __init__(self, rho: float = 0.875) -> None:
         rho = float(rho)
@@ -187,7 +191,7 @@ class AsyncEventValues:
 
         A key observed before it was entered enters at its earliest version here. An outcome older than the horizon
         goes straight into the aggregate (it is visible to every later query). Inputs are validated first."""
-        values = _validate_rewards(keys, rewards)
+        values = validate_rewards(keys, rewards)
         versions = _versions(versions, len(keys))
         self.enter(keys, versions)
         for key, r, z in zip(keys, values, versions, strict=True):
@@ -232,13 +236,13 @@ class AsyncEventValues:
     ) -> None:
         """Set each key's prior from ``s`` successes in ``n0`` samples (Jeffreys-smoothed), anchored at ``event``."""
         event = _check_version(event, "event")
-        for key, (alpha, beta) in zip(keys, _jeffreys_prior(keys, successes, trials, prior_strength), strict=True):
+        for key, (alpha, beta) in zip(keys, jeffreys_prior(keys, successes, trials, prior_strength), strict=True):
             self._set_prior(key, alpha, beta, event)
 
     def set_pseudo_counts(self, keys: Sequence[str], alphas: Numbers, betas: Numbers, event: int = 0) -> None:
         """Start each key at exactly Beta(alpha, beta) anchored at ``event``."""
         event = _check_version(event, "event")
-        for key, alpha, beta in zip(keys, *_validate_pseudo_counts(keys, alphas, betas), strict=True):
+        for key, alpha, beta in zip(keys, *validate_pseudo_counts(keys, alphas, betas), strict=True):
             self._set_prior(key, alpha, beta, event)
 
     def _set_prior(self, key: str, alpha: float, beta: float, event: int) -> None:

@@ -20,10 +20,11 @@ import math
 
 import torch
 
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.event_values import AsyncEventValues
 from trl_aspo.values.prompt_ids import column_prompt_keys, prompt_key, prompt_match_key
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
 from trl_aspo.values.value_init import read_init_records
+from trl_aspo.values.visit_tracker import VisitValueTracker
 
 logger = logging.getLogger(__name__)
 

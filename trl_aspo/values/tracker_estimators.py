@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from trl_aspo.algorithms.advantage_estimators import register_tracker_estimator
 from trl_aspo.algorithms.papers import SPO_PAPER, SPO_PLUS_PLUS_PAPER
+from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.event_values import AsyncEventValues
-from trl_aspo.values.tracker import EventValueTracker, VisitValueTracker
+from trl_aspo.values.visit_tracker import VisitValueTracker
 
 
 def visit_tracker(args, asynchronous: bool) -> VisitValueTracker:

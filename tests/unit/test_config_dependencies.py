@@ -40,6 +40,9 @@ SET = {
     "aspo_adaptive_kl_beta": 0.1,
     "aspo_adaptive_kl_entropy_target": 0.5,
     "kl_clamp": 10.0,
+    "vllm_importance_sampling_mode": "token_mask",
+    "vllm_importance_sampling_clip_max": 2.0,
+    "vllm_importance_sampling_clip_min": 0.5,
     "lr_schedule_per_generation": True,
     "log_weight_map": True,
     "overlong_penalty_factor": 0.5,
@@ -145,6 +148,14 @@ SWITCHED_OFF = {
         "with its IS correction)",
     ): {},
     # AsyncASPOConfig's own
+    **{
+        (name, "vllm_importance_sampling_correction=True"): {}
+        for name in (
+            "vllm_importance_sampling_mode",
+            "vllm_importance_sampling_clip_max",
+            "vllm_importance_sampling_clip_min",
+        )
+    },
     ("aspo_unflipped_fraction", "aspo_unflipped_fraction x per_device_train_batch_size > 0.5 (or token_budget > 0)"): {
         **ASPO,
         "per_device_train_batch_size": 4,

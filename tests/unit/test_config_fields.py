@@ -103,15 +103,21 @@ def test_field_dependencies_is_the_declared_dependencies_of_every_config():
 @pytest.mark.parametrize(("config_class", "trainer"), [(ASPOConfig, SYNC), (AsyncASPOConfig, ASYNC)])
 def test_each_config_checks_the_section_rule_then_the_fields_own(config_class, trainer):
     dependencies = fields_module.config_dependencies(config_class, trainer)
-    aspo = [name for name in BY_NAME if name.startswith("aspo_")]
-    # The section rule replaces the old naming rule: every `aspo_` field, and only those, needs loss_type='aspo'.
+    # aspo_aggregation applies to every registered loss: it is declared with loss_type, in the "Policy loss" section.
+    aspo = [name for name in BY_NAME if name.startswith("aspo_") and name != "aspo_aggregation"]
+    # The section rule replaces the old naming rule: every other `aspo_` field, and only those, needs loss_type='aspo'.
     assert [name for name in BY_NAME if spec(name).section is ASPO_LOSS] == aspo
     loss_rule = [dependency.option for dependency in dependencies if dependency.needs == "loss_type='aspo'"]
     assert loss_rule[: len(aspo)] == aspo
     shared = set(FIELD_DEPENDENCIES)
     own = [dependency for dependency in dependencies if dependency not in shared and dependency.option not in aspo]
-    for dependency in own:  # every other dependency is this trainer's own, declared in its field
-        assert any(need.only == trainer and need.holds is dependency.holds for need in spec(dependency.option).depends)
+    for dependency in own:  # every other dependency is this trainer's own, declared in its field or its section
+        if dependency.option in BY_NAME:
+            needs = spec(dependency.option).depends
+            assert any(need.only == trainer and need.holds is dependency.holds for need in needs)
+        else:  # a field of this config alone (AsyncASPOConfig's off-policy correction), under its section's rule
+            declared = field_spec(config_class.__dataclass_fields__[dependency.option])
+            assert any(need.holds is dependency.holds for need in (*declared.section.depends, *declared.depends))
 
 
 def test_the_other_tables_are_views_too():

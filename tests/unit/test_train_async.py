@@ -125,16 +125,31 @@ def test_rollout_settings_are_validated_by_name(tmp_path, extra, message):
         parse_command_line(["--config", path])
 
 
-def test_local_worker_refuses_several_processes_and_jitter_needs_it():
-    """Both refusals come before any model is loaded."""
-    script = SimpleNamespace(rollout_worker="local", rollout_jitter_s=0.0)
+def test_local_worker_refuses_several_processes_and_its_options_need_it():
+    """The refusals come before any model is loaded."""
+
+    def script(worker, **options):
+        return SimpleNamespace(
+            rollout_worker=worker, **{"rollout_jitter_s": 0.0, "rollout_processed_logprobs": False, **options}
+        )
+
     with pytest.raises(
         ValueError, match=r"rollout_worker='local' with 2 processes: the local worker is a one-process"
     ):
-        build_async_trainer(script, SimpleNamespace(world_size=2, use_cpu=True), None, [], [], None)
-    script = SimpleNamespace(rollout_worker="trl", rollout_jitter_s=0.2)
+        build_async_trainer(script("local"), SimpleNamespace(world_size=2, use_cpu=True), None, [], [], None)
     with pytest.raises(ValueError, match=r"rollout_jitter_s=0.2 needs rollout_worker: local"):
-        build_async_trainer(script, SimpleNamespace(world_size=1, use_cpu=False), None, [], [], None)
+        build_async_trainer(
+            script("trl", rollout_jitter_s=0.2), SimpleNamespace(world_size=1, use_cpu=False), None, [], [], None
+        )
+    with pytest.raises(ValueError, match=r"rollout_processed_logprobs=True needs rollout_worker: local"):
+        build_async_trainer(
+            script("trl", rollout_processed_logprobs=True),
+            SimpleNamespace(world_size=1, use_cpu=False),
+            None,
+            [],
+            [],
+            None,
+        )
 
 
 def test_launching_several_processes_with_the_local_worker_is_refused_before_launch(tmp_path, monkeypatch):

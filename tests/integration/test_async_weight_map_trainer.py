@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import async_weight_map_config, calculator_tokenizer, trainer_with_local_worker
+from helpers import (
+    async_weight_map_config,
+    calculator_tokenizer,
+    fixed_policy,
+    packed_inputs,
+    trainer_with_local_worker,
+)
 
 from trl_aspo.algorithms.weight_map import WEIGHT_MAP_FILE
 
@@ -62,29 +67,6 @@ SEGMENTS = [0, 0, 1, 1, 2]
 POSITIVE_98 = {"ppo": 0.85 / 0.95, "aspo": 0.95 / 0.85}
 
 
-def _packed_inputs() -> dict[str, torch.Tensor]:
-    """One packed row as TRL's collator lays it out (one rank): every position a loss target."""
-    n = len(OLD)
-    unused = torch.full((1, 1), -1)
-    return {
-        "attention_mask": torch.ones(1, n, dtype=torch.long),
-        "input_ids": torch.zeros(1, n, dtype=torch.long),
-        "position_ids": torch.arange(n)[None],
-        "shift_labels": torch.zeros(1, n, dtype=torch.long),
-        "token_index": torch.arange(n)[None],
-        "old_log_probs": torch.tensor(OLD).log()[None],
-        "advantages": torch.tensor(ADVANTAGES)[None],
-        "segment_id": torch.tensor(SEGMENTS)[None],
-        "tree_kv_index": unused,
-        "tree_cu_seqlens_q": unused,
-        "tree_cu_seqlens_k": unused,
-        "tree_max_seqlens": torch.tensor([[n, n]]),
-        "global_n_tokens": torch.tensor([float(n)]),
-        "global_n_forward_tokens": torch.tensor([float(n)]),
-        "mean_seq_len": torch.tensor([n / 3]),
-    }
-
-
 @pytest.mark.parametrize("loss_type", ["ppo", "aspo"])
 def test_the_packed_loss_bins_every_trained_token_with_its_weight(tmp_path, tokenizer, loss_type):
     from trl_aspo import AsyncASPOTrainer
@@ -95,11 +77,7 @@ def test_the_packed_loss_bins_every_trained_token_with_its_weight(tmp_path, toke
     trainer._loss_step_units = torch.tensor([5.0, 3.0])  # what get_batch_samples counts for aspo_aggregation
 
     current = torch.tensor(CURRENT).log()[None].requires_grad_(True)
-
-    def policy(**_):
-        return SimpleNamespace(log_probs=current, entropy=torch.zeros_like(current), aux_loss=None)
-
-    trainer.compute_loss(policy, _packed_inputs()).backward()
+    trainer.compute_loss(fixed_policy(current), packed_inputs(OLD, ADVANTAGES, SEGMENTS)).backward()
     # Each loss is a token mean over the 5 targets: d loss / d lp = -A w / 5, so the loss's own gradient gives w.
     advantages = torch.tensor(ADVANTAGES)
     signed = advantages != 0

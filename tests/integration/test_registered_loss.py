@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import REPO_ROOT, async_weight_map_config, calculator_tokenizer, digit_share_reward
+from helpers import REPO_ROOT, async_fields, calculator_tokenizer, digit_share_reward, fixed_policy, packed_inputs
 
 from trl_aspo.algorithms import PolicyLossInputs, get_policy_loss, register_policy_loss
 from trl_aspo.algorithms.policy_losses import unregister_policy_loss
@@ -69,10 +68,14 @@ def test_the_asynchronous_gradient_by_hand(clipped_is, tmp_path):
     """Five packed tokens of one step: d loss / d lp = -min(r, epsilon_high) * A / 5 (token mean over the step)."""
     from helpers import trainer_with_local_worker
 
-    from trl_aspo import AsyncASPOTrainer
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.builtin.task import correctness_reward, make_dataset
 
-    args = async_weight_map_config(tmp_path, "clipped_is", log_weight_map=False, epsilon_high=1.2)
+    args = AsyncASPOConfig(
+        **async_fields(tmp_path, per_device_train_batch_size=4, num_generations=2, max_steps=1),
+        loss_type="clipped_is",
+        epsilon_high=1.2,
+    )
     trainer = trainer_with_local_worker(
         AsyncASPOTrainer, args, calculator_tokenizer(), make_dataset("train", 8, seed=0), [correctness_reward]
     )
@@ -82,30 +85,8 @@ def test_the_asynchronous_gradient_by_hand(clipped_is, tmp_path):
     old, current = [0.5, 0.1, 0.5, 0.4, 0.3], [0.55, 0.3, 0.5, 0.2, 0.3]
     advantages, segments = [1.0, 1.0, -2.0, -2.0, 0.0], [0, 0, 1, 1, 2]
     current_lp = torch.tensor(current).log()[None].requires_grad_(True)
-
-    def policy(**_):
-        return SimpleNamespace(log_probs=current_lp, entropy=torch.zeros_like(current_lp), aux_loss=None)
-
+    trainer.compute_loss(fixed_policy(current_lp), packed_inputs(old, advantages, segments)).backward()
     n = len(old)
-    unused = torch.full((1, 1), -1)
-    inputs = {
-        "attention_mask": torch.ones(1, n, dtype=torch.long),
-        "input_ids": torch.zeros(1, n, dtype=torch.long),
-        "position_ids": torch.arange(n)[None],
-        "shift_labels": torch.zeros(1, n, dtype=torch.long),
-        "token_index": torch.arange(n)[None],
-        "old_log_probs": torch.tensor(old).log()[None],
-        "advantages": torch.tensor(advantages)[None],
-        "segment_id": torch.tensor(segments)[None],
-        "tree_kv_index": unused,
-        "tree_cu_seqlens_q": unused,
-        "tree_cu_seqlens_k": unused,
-        "tree_max_seqlens": torch.tensor([[n, n]]),
-        "global_n_tokens": torch.tensor([float(n)]),
-        "global_n_forward_tokens": torch.tensor([float(n)]),
-        "mean_seq_len": torch.tensor([n / 3]),
-    }
-    trainer.compute_loss(policy, inputs).backward()
     expected = [-min(c / o, 1.2) * a / n for c, o, a in zip(current, old, advantages, strict=True)]
     assert current_lp.grad[0].tolist() == pytest.approx(expected, rel=1e-5)
 
@@ -114,7 +95,7 @@ def test_the_asynchronous_gradient_by_hand(clipped_is, tmp_path):
 def test_both_trainers_train_with_the_registered_loss(clipped_is, tmp_path, tiny_config, calculator_dataset):
     """Two optimizer steps of each trainer on the built-in model: finite losses, parameters moved, the loss's stat
     logged."""
-    from helpers import MODEL, async_fields, trainer_with_local_worker
+    from helpers import MODEL, trainer_with_local_worker
     from transformers import AutoModelForCausalLM
 
     from trl_aspo import ASPOTrainer, AsyncASPOConfig, AsyncASPOTrainer

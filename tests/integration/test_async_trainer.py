@@ -140,7 +140,7 @@ def test_single_completion_spo_plus_plus_with_aspo_loss_and_shaping_trains(tmp_p
     assert len(logs) == 3 and all(math.isfinite(log["loss"]) for log in logs)
     for key in ("aspo/flipped_frac", "aspo/flip_weight_mean", "value/mean", "zero_advantage_share", "policy_loss"):
         assert key in logs[0]
-    assert trainer._scorer.tracker.num_tracked > 0
+    assert trainer._values.tracker.num_tracked > 0
 
 
 def test_trainer_refuses_a_plain_async_grpo_config(tmp_path, tokenizer):
@@ -213,13 +213,13 @@ def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
     before_scoring = []
     first_score_step = first._score_step
     first._score_step = lambda step, context=(): (
-        before_scoring.append(first._scorer.tracker.state_dict()) or first_score_step(step, context)
+        before_scoring.append(first._values.tracker.state_dict()) or first_score_step(step, context)
     )
     first.train()
     checkpoint = tmp_path / "out" / "checkpoint-2"
     saved = load_checkpoint_state(str(checkpoint))["tracker"]
     # The data loader scored a third step ahead of training; the checkpoint holds the tracker of the two trained.
-    assert len(before_scoring) == 3 and sum(first._scorer.tracker.state_dict()["visits"].values()) == 12
+    assert len(before_scoring) == 3 and sum(first._values.tracker.state_dict()["visits"].values()) == 12
     assert saved == before_scoring[2] and sum(saved["visits"].values()) == 8 and len(saved["prior"]) == 5
 
     # The resumed stream starts at the untrained third step (as the worker regenerates it from its first prompt).
@@ -229,14 +229,14 @@ def test_resume_continues_with_the_saved_tracker(tmp_path, tokenizer):
 
     def recording_score_step(step_samples, context=()):
         if not at_first_score:
-            at_first_score.append(resumed._scorer.tracker.state_dict())
+            at_first_score.append(resumed._values.tracker.state_dict())
         return score_step(step_samples, context)
 
     resumed._score_step = recording_score_step
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert at_first_score == [saved]
-    assert resumed._scorer.tracker.visits(["unused"]).tolist() == [0]
-    assert sum(resumed._scorer.tracker.state_dict()["visits"].values()) > sum(saved["visits"].values())
+    assert resumed._values.tracker.visits(["unused"]).tolist() == [0]
+    assert sum(resumed._values.tracker.state_dict()["visits"].values()) > sum(saved["visits"].values())
 
 
 def test_resume_without_tracker_state_is_refused(tmp_path, tokenizer):
@@ -278,10 +278,10 @@ def test_resume_policy_is_the_synchronous_trainers(tmp_path, tokenizer):
     at_first_score = []
     score_step = fresh._score_step
     fresh._score_step = lambda step, context=(): (
-        at_first_score.append(fresh._scorer.tracker.num_tracked) or score_step(step, context)
+        at_first_score.append(fresh._values.tracker.num_tracked) or score_step(step, context)
     )
     fresh.train(resume_from_checkpoint=checkpoint)
-    assert at_first_score[0] == 0 and fresh._scorer.tracker.num_tracked > 0
+    assert at_first_score[0] == 0 and fresh._values.tracker.num_tracked > 0
 
 
 def test_progressive_flip_threshold_decays_over_optimizer_steps(tmp_path, tokenizer, monkeypatch):
@@ -559,8 +559,8 @@ def test_prompt_id_column_keys_the_tracker_by_the_rows_id(tmp_path, tokenizer):
     trainer = trainer_on(dataset, samples)
     trainer.train()
     # Each scored step holds rows 0..3 (ids p0, p0, p1, p1): four prompts, two tracker entries, equal visits.
-    assert trainer._scorer.tracker.num_tracked == 2
-    p0, p1 = trainer._scorer.tracker.visits(["p0", "p1"]).tolist()
+    assert trainer._values.tracker.num_tracked == 2
+    p0, p1 = trainer._values.tracker.visits(["p0", "p1"]).tolist()
     assert p0 == p1 and p0 % 2 == 0 and p0 > 0
 
     ambiguous = dataset.map(lambda row, index: {"problem": f"q{index}"}, with_indices=True)
@@ -651,7 +651,7 @@ def test_value_init_prepass_sets_priors_from_the_starting_policy(tmp_path, token
     at_first_score = []
     score_step = trainer._score_step
     trainer._score_step = lambda step, context=(): (
-        at_first_score.append(trainer._scorer.tracker.state_dict()) or score_step(step, context)
+        at_first_score.append(trainer._values.tracker.state_dict()) or score_step(step, context)
     )
     trainer.train()
 
@@ -696,10 +696,10 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
     assert sum(saved["visits"].values()) == 8
     resumed, resumed_samples = run("resumed", str(checkpoint))
 
-    expected = uninterrupted._scorer.tracker.state_dict()["visits"]
+    expected = uninterrupted._values.tracker.state_dict()["visits"]
     # 4 trained steps and the one fetched ahead of the end: 5 x 4 outcomes, each prompt once.
     assert sum(expected.values()) == 20 and set(expected.values()) == {1}
-    assert resumed._scorer.tracker.state_dict()["visits"] == expected
+    assert resumed._values.tracker.state_dict()["visits"] == expected
     assert uninterrupted.model_version == 5  # the cold sync, then one sync per step
     assert resumed.model_version == uninterrupted.model_version
 
@@ -708,11 +708,11 @@ def test_a_resumed_local_run_continues_with_the_uninterrupted_tracker_and_versio
     saved_dispatches = load_checkpoint_state(str(checkpoint))["prompt_dispatches"]
     assert set(saved["prior"]) <= set(saved_dispatches)
     for trainer, scored in ((uninterrupted, uninterrupted_samples), (resumed, resumed_samples)):
-        dispatches = trainer._prompt_dispatches.state_dict()
-        priors = trainer._scorer.tracker.state_dict()["prior"]
+        dispatches = trainer._values.prompt_dispatches.state_dict()
+        priors = trainer._values.tracker.state_dict()["prior"]
         assert all(type(sample).__name__ == "TrackedRolloutSample" for sample in scored)
         for sample in scored:
             key = prompt_key(sample.prompt)
             assert sample.prompt_dispatch_version == dispatches[key] == priors[key][2] <= sample.model_version
-    resumed_dispatches = resumed._prompt_dispatches.state_dict()
+    resumed_dispatches = resumed._values.prompt_dispatches.state_dict()
     assert {key: resumed_dispatches[key] for key in saved_dispatches} == saved_dispatches

@@ -114,9 +114,10 @@ def test_both_trainers_warn_when_shaping_runs_without_tools(kind, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", TRAINERS)
 def test_both_pre_passes_count_successes_and_trials_the_same_way(kind, tmp_path, monkeypatch):
-    """`value_init_samples`: each trainer rolls out with its own generation, and both hand the samples to
-    `init_values_from_samples`: right after it, each prompt's value is the Jeffreys-smoothed success rate
-    (s + 0.5) / (n + 1) of its own samples (docs/design.md section 3), computed here from what was handed over."""
+    """`value_init_samples`: each trainer rolls out with its own generation, and both hand the samples to their
+    `ValueTracking`, which counts them with `init_values_from_samples`: right after it, each prompt's value is the
+    Jeffreys-smoothed success rate (s + 0.5) / (n + 1) of its own samples (docs/design.md section 3), computed here
+    from what was handed over."""
     import trl_aspo.values.single_stream as single_stream
 
     seen = []
@@ -126,8 +127,7 @@ def test_both_pre_passes_count_successes_and_trials_the_same_way(kind, tmp_path,
         init(tracker, prompts, sample_keys, outcomes, args, event)
         seen.append((list(prompts), list(sample_keys), list(outcomes), tracker.value(list(prompts), 0)))
 
-    module = "trl_aspo.trainers.grpo_prepass" if kind == "sync" else "trl_aspo.trainers.async_aspo_trainer"
-    monkeypatch.setattr(f"{module}.init_values_from_samples", recording)
+    monkeypatch.setattr("trl_aspo.trainers.value_tracking.init_values_from_samples", recording)
     build(kind, tmp_path, value_init_samples=2, max_steps=1).train()
     ((prompts, sample_keys, outcomes, values),) = seen
     assert len(prompts) == 16 and sorted(sample_keys) == sorted(prompts * 2)

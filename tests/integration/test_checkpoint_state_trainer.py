@@ -61,7 +61,7 @@ def trained_run(tmp_path_factory, tiny_tokenizer, calculator_dataset):
     output_dir = tmp_path_factory.mktemp("run")
     trainer = _trainer(tiny_tokenizer, calculator_dataset.select(range(8)), output_dir)
     trainer.train()
-    return output_dir, trainer._value_tracker.state_dict()
+    return output_dir, trainer._values.tracker.state_dict()
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_single_stream_resume_without_state_is_refused(run_copy, tiny_tokenizer,
         _resume(tiny_tokenizer, calculator_dataset, run_copy)
     resumed = _resume(tiny_tokenizer, calculator_dataset, run_copy, value_reset_on_resume=True)
     # The fresh tracker saw only the one round after the resume.
-    assert resumed._value_event == 1 and resumed._value_tracker.num_tracked == 8
+    assert resumed._value_event == 1 and resumed._values.tracker.num_tracked == 8
     assert not marker.exists()
 
 
@@ -207,7 +207,7 @@ def test_resume_applies_a_changed_rho_and_says_so(run_copy, tiny_tokenizer, calc
     warnings = []
     monkeypatch.setattr(project_state.logger, "warning", warnings.append)
     resumed = _resume(tiny_tokenizer, calculator_dataset, run_copy, value_rho=0.5)
-    assert resumed._value_tracker.rho == 0.5
+    assert resumed._values.tracker.rho == 0.5
     assert any("value_rho changes from 0.875 to 0.5; the new value applies" in line for line in warnings)
 
 
@@ -216,4 +216,4 @@ def test_estimator_change_with_reset_starts_a_fresh_tracker(run_copy, tiny_token
     resumed = _resume(
         tiny_tokenizer, calculator_dataset, run_copy, advantage_estimator="spo", value_reset_on_resume=True
     )
-    assert resumed._value_event == 3 and resumed._value_tracker.num_tracked == 8
+    assert resumed._value_event == 3 and resumed._values.tracker.num_tracked == 8

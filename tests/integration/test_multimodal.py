@@ -130,27 +130,33 @@ def test_kl_adaptive_rho_passes_forward_each_visits_own_multimodal_inputs(llava_
     # Round 1: prompt "a" (left-padded) with one image, "b" with two.
     first, (a1, b1) = _llava_round([[0, 1, 2], [3, 4, 5]], [[0, 1, 1], [1, 1, 1]], [[6, 7], [8, 9]], [1, 2], seed=1)
     a1["tokens"], b1["tokens"] = [1, 2, 6, 7], [3, 4, 5, 8, 9]
-    trainer._pending_visit = trainer._visit_drift.snapshot(first, ["a", "b"], torch.tensor([0.0, 1.0]), scorable)
-    trainer._observe_pending_visit()
+    trainer._values.pending_visit = trainer._values.visit_drift.snapshot(
+        first, ["a", "b"], torch.tensor([0.0, 1.0]), scorable
+    )
+    trainer._values.close_pending_round()
     # First visits stand in for themselves: stored rows, then this round's rows.
     _assert_rows_get_their_images(calls[-1], [a1, b1, a1, b1])
     for key, own in (("a", a1), ("b", b1)):
-        assert torch.equal(trainer._visit_store[key]["multimodal"]["pixel_values"], own["pixel_values"])
-        assert trainer._visit_store[key]["multimodal"]["num_images"] == len(own["pixel_values"])
+        assert torch.equal(trainer._values.visit_store[key]["multimodal"]["pixel_values"], own["pixel_values"])
+        assert trainer._values.visit_store[key]["multimodal"]["num_images"] == len(own["pixel_values"])
 
     # Round 2, in the other order and with other images: the stored visits of b and a (different images) share the
     # batch with this round's completions.
     second, (b2, a2) = _llava_round([[10, 11], [12, 13]], [[1, 1], [1, 1]], [[14, 15], [16, 17]], [1, 3], seed=2)
     b2["tokens"], a2["tokens"] = [10, 11, 14, 15], [12, 13, 16, 17]
-    trainer._pending_visit = trainer._visit_drift.snapshot(second, ["b", "a"], torch.tensor([1.0, 0.0]), scorable)
-    trainer._observe_pending_visit()
+    trainer._values.pending_visit = trainer._values.visit_drift.snapshot(
+        second, ["b", "a"], torch.tensor([1.0, 0.0]), scorable
+    )
+    closed = trainer._values.close_pending_round()
     _assert_rows_get_their_images(calls[-1], [b1, a1, b2, a2])
-    assert trainer._metrics["train"]["value/rho_mean"][-1] == pytest.approx(0.96)  # unchanged log-probs: rho_max
+    assert closed["value/rho_mean"] == pytest.approx(0.96)  # unchanged log-probs: rho_max
 
     # Round 3 is pending at the checkpoint, which closes it on copies: its visits are saved with their own images.
     third, (a3,) = _llava_round([[20, 21]], [[1, 1]], [[22, 23]], [2], seed=3)
     a3["tokens"] = [20, 21, 22, 23]
-    trainer._pending_visit = trainer._visit_drift.snapshot(third, ["a"], torch.tensor([1.0]), torch.tensor([True]))
+    trainer._values.pending_visit = trainer._values.visit_drift.snapshot(
+        third, ["a"], torch.tensor([1.0]), torch.tensor([True])
+    )
     checkpoint = tmp_path / "checkpoint-1"
     checkpoint.mkdir()
     trainer._save_aspo_state(str(checkpoint))
@@ -162,11 +168,13 @@ def test_kl_adaptive_rho_passes_forward_each_visits_own_multimodal_inputs(llava_
         assert saved[key]["multimodal"]["num_images"] == len(own["pixel_values"])
 
     # A run resumed from it measures the next visits against the restored images.
-    trainer._visit_store = saved
+    trainer._values.visit_store = saved
     fourth, (b4, a4) = _llava_round([[30, 31], [32, 33]], [[1, 1], [1, 1]], [[34, 35], [36, 37]], [2, 1], seed=4)
     b4["tokens"], a4["tokens"] = [30, 31, 34, 35], [32, 33, 36, 37]
-    trainer._pending_visit = trainer._visit_drift.snapshot(fourth, ["b", "a"], torch.tensor([1.0, 0.0]), scorable)
-    trainer._observe_pending_visit()
+    trainer._values.pending_visit = trainer._values.visit_drift.snapshot(
+        fourth, ["b", "a"], torch.tensor([1.0, 0.0]), scorable
+    )
+    trainer._values.close_pending_round()
     _assert_rows_get_their_images(calls[-1], [b2, a3, b4, a4])
 
 
@@ -185,9 +193,11 @@ def test_text_only_visits_store_and_forward_no_multimodal_inputs(llava_processor
         "completion_ids": torch.tensor([[3, 4]]),
         "completion_mask": torch.ones(1, 2, dtype=torch.long),
     }
-    trainer._pending_visit = trainer._visit_drift.snapshot(output, ["a"], torch.tensor([1.0]), torch.tensor([True]))
-    trainer._observe_pending_visit()
-    assert set(trainer._visit_store["a"]) == {"prompt_ids", "completion_ids", "action_mask", "logps"}
+    trainer._values.pending_visit = trainer._values.visit_drift.snapshot(
+        output, ["a"], torch.tensor([1.0]), torch.tensor([True])
+    )
+    trainer._values.close_pending_round()
+    assert set(trainer._values.visit_store["a"]) == {"prompt_ids", "completion_ids", "action_mask", "logps"}
     assert calls == [{"batch_size": trainer.args.per_device_train_batch_size}]
 
 
@@ -222,7 +232,7 @@ def test_kl_adaptive_rho_refuses_a_layout_it_cannot_split_per_sample(llava_proce
         **multimodal,
     }
     with pytest.raises(ValueError, match=rf"value_rho_mode='kl'.*`{field}`"):
-        trainer._visit_drift.snapshot(output, ["a", "b"], torch.tensor([0.0, 1.0]), torch.tensor([True, True]))
+        trainer._values.visit_drift.snapshot(output, ["a", "b"], torch.tensor([0.0, 1.0]), torch.tensor([True, True]))
 
 
 def _completion_logps(model, visit, pixel_values, temperature):

@@ -31,7 +31,7 @@ class DrawLog:
 
         def recording_draw(sampler, *args, **kwargs):
             weights = sampler.weights.clone()
-            tracker = self.trainer._value_tracker.state_dict()
+            tracker = self.trainer._values.tracker.state_dict()
             indices = draw(sampler, *args, **kwargs)
             self.draws.append({"weights": weights, "tracker": tracker, "indices": indices})
             return indices
@@ -103,7 +103,7 @@ def test_each_draw_uses_the_previous_rounds_outcomes(make_trainer, monkeypatch, 
     log = DrawLog(monkeypatch)
     trainer = log.attach(make_trainer(**SETUPS[setup]))
     trainer.train()
-    keys = trainer._dataset_keys
+    keys = trainer._values.dataset_keys
     assert len(log.rounds) >= 3
     for index, round_keys in enumerate(log.rounds):
         drawn = log.draws[index]
@@ -118,8 +118,8 @@ def test_each_draw_uses_the_previous_rounds_outcomes(make_trainer, monkeypatch, 
         changed = {key for key in now if before.get(key) != now[key]}
         assert set(log.rounds[index - 1]) <= changed
     # The incrementally refreshed weights equal a full recomputation from the final tracker.
-    if trainer._pending_visit is None:
-        final = expected_weights(trainer._value_tracker.state_dict(), keys, trainer._value_event)
+    if trainer._values.pending_visit is None:
+        final = expected_weights(trainer._values.tracker.state_dict(), keys, trainer._value_event)
         torch.testing.assert_close(trainer._priority_sampler.weights, final, atol=1e-12, rtol=0)
         assert trainer._priority_sampler.weights.std() > 0
 
@@ -151,5 +151,5 @@ def test_resumed_run_draws_what_the_uninterrupted_run_drew(make_trainer, monkeyp
     assert resumed.state.global_step == uninterrupted.state.global_step
     first = rounds_total - len(resumed_log.rounds)
     assert first > 0 and resumed_log.rounds == log.rounds[first:]
-    assert resumed._value_tracker.state_dict() == uninterrupted._value_tracker.state_dict()
+    assert resumed._values.tracker.state_dict() == uninterrupted._values.tracker.state_dict()
     torch.testing.assert_close(resumed._priority_sampler.weights, uninterrupted._priority_sampler.weights)

@@ -79,7 +79,7 @@ def test_trainer_starts_the_weights_from_the_tracker_and_warns_on_unknown_prompt
     expected = torch.tensor([2e-6, 0.5 + 1e-6] * 4, dtype=torch.float64)
     torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
     with caplog.at_level("WARNING", logger="trl_aspo.trainers.async_aspo_trainer"):
-        trainer._refresh_priorities(["not-a-dataset-prompt", trainer._dataset_keys[1]])
+        trainer._values.refresh_priorities(["not-a-dataset-prompt", trainer._values.dataset_keys[1]])
     assert "1 scored prompt(s) match no train_dataset prompt" in caplog.text
     torch.testing.assert_close(trainer._prompt_priorities.weights, expected, rtol=0, atol=1e-10)
 
@@ -95,12 +95,12 @@ def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
     worker = trainer.rollout_worker
     assert worker._loop_cls is PrioritizedLocalRolloutLoop
     # Every sample's key (the scorer's) is a dataset row's key (the priorities'): chat prompts hash alike.
-    assert {prompt_key(sample["prompt"]) for sample in dataset} == set(trainer._dataset_keys)
+    assert {prompt_key(sample["prompt"]) for sample in dataset} == set(trainer._values.dataset_keys)
     samples = recording_scores(trainer)
     trainer.train()
 
     keys = [prompt_key(sample.prompt) for sample in samples]
-    assert len(keys) >= 12 and set(keys) <= set(trainer._dataset_keys)
+    assert len(keys) >= 12 and set(keys) <= set(trainer._values.dataset_keys)
     # TRL's cycling would give rows 0, 1, 2, ... (half of them certain); each draw of a certain prompt has
     # probability < 16 * 2e-6 / (16 * 0.1) = 2e-5.
     assert not set(keys) & certain
@@ -111,7 +111,7 @@ def test_local_worker_draws_the_uncertain_prompts(tmp_path, tokenizer):
     effective = [log["value/effective_prompts"] for log in logs]
     assert all(1.0 < value <= 16.0 + 1e-3 for value in effective)
     # The shared weights are the tracker's values with every received outcome visible (version after the newest).
-    values = trainer._scorer.tracker.value(trainer._dataset_keys, trainer.model_version + 1)
+    values = trainer._values.tracker.value(trainer._values.dataset_keys, trainer.model_version + 1)
     torch.testing.assert_close(trainer._prompt_priorities.weights, (values * (1 - values)).sqrt() + 1e-6)
 
 
@@ -165,7 +165,7 @@ def test_resumed_local_worker_draws_from_the_restored_tracker(tmp_path, tokenize
     start = resumed.rollout_worker.start
 
     def recording_start():
-        tracker, keys = resumed._scorer.tracker, resumed._dataset_keys
+        tracker, keys = resumed._values.tracker, resumed._values.dataset_keys
         at_start["expected"] = priority_weights(tracker.value(keys, resumed.model_version + 1), 0.05)
         at_start["priorities"] = copy.deepcopy(resumed._prompt_priorities)
         start()

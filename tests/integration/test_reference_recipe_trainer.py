@@ -255,7 +255,7 @@ def test_value_evidence_visits_and_advantage_quantiles(tiny_tokenizer, calculato
         quantiles = numpy.quantile(record["output"]["advantages"].double().numpy(), [0.1, 0.3, 0.5, 0.7, 0.9])
         for level, value in zip((10, 30, 50, 70, 90), quantiles, strict=True):
             assert step[f"advantage/p{level}"] == pytest.approx(value, abs=1e-6)
-    assert trainer._value_tracker.visits(sorted(trainer._value_tracker.state_dict()["state"])).tolist() == [3] * 8
+    assert trainer._values.tracker.visits(sorted(trainer._values.tracker.state_dict()["state"])).tolist() == [3] * 8
 
 
 @pytest.mark.slow
@@ -304,7 +304,7 @@ def test_values_export_round_trips_as_value_init_file(
     assert cli_main(["values", str(tmp_path / "run" / "checkpoint-2"), "--output", str(output)]) == 0
     records = [json.loads(line) for line in output.read_text().splitlines()]
 
-    tracker = trainer._value_tracker
+    tracker = trainer._values.tracker
     keys = sorted(tracker.state_dict()["state"])
     assert [record["prompt_id"] for record in records] == keys and len(keys) == 8
     alphas, betas = tracker.pseudo_counts(keys, 2) if estimator == "spo++" else tracker.pseudo_counts(keys)
@@ -322,7 +322,7 @@ def test_values_export_round_trips_as_value_init_file(
         dataset,
         tiny_config(advantage_estimator=estimator, num_generations=1, value_init_file=str(output)),
     )
-    fresh = restarted._value_tracker
+    fresh = restarted._values.tracker
     counts = fresh.pseudo_counts(keys, 0) if estimator == "spo++" else fresh.pseudo_counts(keys)
     assert counts[0].tolist() == [record["alpha"] for record in records]
     assert counts[1].tolist() == [record["beta"] for record in records]

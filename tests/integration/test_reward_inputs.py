@@ -60,9 +60,9 @@ def test_infinite_rewards_leave_their_completions_unscored(
     assert (advantages[[0, *range(3, 8)]] != 0).all()
     loss = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     assert len(loss) == 1 and math.isfinite(loss[0])
-    if trainer._value_tracker is not None:
+    if trainer._values is not None:
         # Only the 6 scorable outcomes are observed (spo++ also enters the 2 unscored prompts at dispatch, unvisited).
-        visited = trainer._value_tracker.state_dict()["visits"]
+        visited = trainer._values.tracker.state_dict()["visits"]
         assert sorted(visited.values()) == [1] * 6
 
 
@@ -89,9 +89,9 @@ def test_weighted_full_credit_rounding_above_one_is_accepted(tiny_tokenizer, cal
     outputs = recording_batches(trainer)
     trainer.train()
     assert torch.isfinite(outputs[0]["advantages"]).all()
-    keys = list(trainer._value_tracker.state_dict()["state"])
+    keys = list(trainer._values.tracker.state_dict()["state"])
     # One outcome of exactly 1 (clamped) at event 0 on the Beta(0.5, 0.5) prior: (0.5 + 1) / (0.5 + 0.5 + 1).
-    assert trainer._value_tracker.value(keys, 1).tolist() == pytest.approx([0.75] * 8, abs=1e-12)
+    assert trainer._values.tracker.value(keys, 1).tolist() == pytest.approx([0.75] * 8, abs=1e-12)
 
 
 @pytest.mark.slow

@@ -138,7 +138,7 @@ def test_spo_plus_plus_values_and_frozen_advantages(make_trainer):
     # Prompts enter the tracker (their prior anchored) at their first dispatch.
     assert [step["value/tracked_prompts"] for step in steps] == [8.0, 8.0, 8.0]
 
-    tracker = trainer._value_tracker
+    tracker = trainer._values.tracker
     assert isinstance(tracker, EventValueTracker) and tracker.num_tracked == 8
     assert trainer._value_event == 3
     keys = sorted(history)
@@ -168,16 +168,16 @@ def test_spo_kl_adaptive_rho_measures_drift_since_previous_visit(make_trainer):
     trainer = make_trainer(advantage_estimator="spo", value_rho_mode="kl", learning_rate=1e-2, max_steps=4)
     recorder = Recorder(trainer)
     closures: list[dict] = []
-    observe_pending = trainer._observe_pending_visit
-    tracker_observe = trainer._value_tracker.observe
+    close_pending = trainer._values.close_pending_round
+    tracker_observe = trainer._values.tracker.observe
 
     def spying_observe_pending():
-        pending = trainer._pending_visit
+        pending = trainer._values.pending_visit
         if pending is not None:
             model, temperature = trainer.model, trainer.args.temperature
             drift, post = [], []
             for key, own in zip(pending["keys"], pending["completions"], strict=True):
-                stored = trainer._visit_store.get(key)
+                stored = trainer._values.visit_store.get(key)
                 if stored is None:
                     drift.append(0.0)
                 else:
@@ -185,20 +185,20 @@ def test_spo_kl_adaptive_rho_measures_drift_since_previous_visit(make_trainer):
                     mask = stored["action_mask"]
                     drift.append(((stored["logps"] - now).abs()[mask].sum() / mask.sum().clamp(min=1)).item())
                 post.append(independent_completion_logps(model, own, temperature))
-            first = [trainer._visit_store.get(key) is None for key in pending["keys"]]
+            first = [trainer._values.visit_store.get(key) is None for key in pending["keys"]]
             closures.append({"keys": list(pending["keys"]), "drift": drift, "post": post, "first": first})
-        observe_pending()
+        return close_pending()
 
     def spying_tracker_observe(keys, rewards, rho):
         closures[-1].update(rho=torch.as_tensor(rho), rewards=torch.as_tensor(rewards), observed_keys=list(keys))
         tracker_observe(keys, rewards, rho)
 
-    trainer._observe_pending_visit = spying_observe_pending
-    trainer._value_tracker.observe = spying_tracker_observe
+    trainer._values.close_pending_round = spying_observe_pending
+    trainer._values.tracker.observe = spying_tracker_observe
     trainer.train()
 
     # Rounds 0..2 were closed at the dispatch of rounds 1..3; round 3 still waits for its update's effect.
-    assert len(closures) == 3 and trainer._pending_visit is not None
+    assert len(closures) == 3 and trainer._values.pending_visit is not None
     args = trainer.args
     steps = logged_steps(trainer)
     for event, record in enumerate(closures):
@@ -221,9 +221,9 @@ def test_spo_kl_adaptive_rho_measures_drift_since_previous_visit(make_trainer):
         assert step["value/rho_mean"] == pytest.approx(expected_rho.mean().item(), abs=1e-5)
     # The store holds each prompt's last visit (round 2's completions) with their log-probs after round 2's update.
     last = closures[-1]
-    assert sorted(trainer._visit_store) == sorted(last["keys"])
+    assert sorted(trainer._values.visit_store) == sorted(last["keys"])
     for key, post in zip(last["keys"], last["post"], strict=True):
-        visit = trainer._visit_store[key]
+        visit = trainer._values.visit_store[key]
         assert visit["logps"].dtype == torch.float32 and visit["completion_ids"].dtype == torch.int32
         torch.testing.assert_close(visit["logps"], post, atol=1e-5, rtol=0)
 
@@ -234,7 +234,7 @@ def test_spo_kl_adaptive_rho_measures_drift_since_previous_visit(make_trainer):
         index = record["keys"].index(key)
         rho, reward = record["rho"][index].item(), record["rewards"][index].item()
         alpha, beta = rho * alpha + reward, rho * beta + 1 - reward
-    counts = trainer._value_tracker.pseudo_counts([key])
+    counts = trainer._values.tracker.pseudo_counts([key])
     assert (counts[0].item(), counts[1].item()) == pytest.approx((alpha, beta), abs=1e-12)
 
 
@@ -255,7 +255,7 @@ def test_prioritized_sampling_follows_the_tracker(make_trainer, calculator_datas
     trainer.train()
 
     sampler = trainer._priority_sampler
-    keys = trainer._dataset_keys
+    keys = trainer._values.dataset_keys
     # Each round dispatched the prompts of one prioritized draw, in order.
     for record, drawn in zip(recorder.rounds, draws, strict=False):
         assert record["keys"] == [keys[i] for i in drawn["indices"]]
@@ -310,9 +310,9 @@ def test_value_reward_range_maps_rewards(make_trainer):
     mapped = recorder.total_rewards(0) / 2.0
     expected = [spo_plus_plus_value([(0, r)], 1) for r in mapped.tolist()]
     torch.testing.assert_close(
-        trainer._value_tracker.value(record["keys"], 1), torch.tensor(expected, dtype=torch.float64)
+        trainer._values.tracker.value(record["keys"], 1), torch.tensor(expected, dtype=torch.float64)
     )
-    assert (trainer._value_tracker.value(record["keys"], 1) >= 0.5).all()
+    assert (trainer._values.tracker.value(record["keys"], 1) >= 0.5).all()
 
 
 @pytest.mark.slow
@@ -328,9 +328,9 @@ def test_abstained_rewards_do_not_touch_the_tracker(make_trainer, small_dataset)
     sums = {prompt_key(row["prompt"]) for row in small_dataset if is_sum(row["prompt"])}
     assert sums and len(sums) < 8
     # Abstained prompts entered the tracker at dispatch (their prior is anchored) but no outcome of theirs was seen.
-    visits = trainer._value_tracker.state_dict()["visits"]
+    visits = trainer._values.tracker.state_dict()["visits"]
     assert set(visits) == {prompt_key(row["prompt"]) for row in small_dataset} - sums
-    assert (trainer._value_tracker.value(sorted(sums), 2) == 0.5).all()
+    assert (trainer._values.tracker.value(sorted(sums), 2) == 0.5).all()
     for record in recorder.rounds:
         abstained = torch.tensor([key in sums for key in record["keys"]])
         assert (record["output"]["advantages"][abstained] == 0).all()
@@ -355,24 +355,28 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
     checkpoint = os.path.join(tmp_path / "run", "checkpoint-2")
     saved = load_checkpoint_state(checkpoint)
     assert saved["value_event"] == first._value_event == 2
-    tracker = first._value_tracker
+    tracker = first._values.tracker
     if estimator == "spo":
         # KL-adaptive rho: the checkpoint closes the pending last round (with the final model) on a copy.
-        assert first._pending_visit is not None
+        assert first._values.pending_visit is not None
         live = tracker.state_dict()
         tracker = VisitValueTracker()
         tracker.load_state_dict(live)
-        live_store = dict(first._visit_store)
+        live_store = dict(first._values.visit_store)
         visit_store = dict(live_store)
-        first._visit_drift.close(first._pending_visit, tracker, visit_store)
-        assert saved["tracker"] != live and first._visit_store == live_store
+        first._values.visit_drift.close(first._values.pending_visit, tracker, visit_store)
+        assert saved["tracker"] != live and first._values.visit_store == live_store
         # The stored visits travel with the checkpoint: every prompt seen so far, tensors exactly.
         assert sorted(saved["visit_store"]) == sorted(visit_store)
         for key, visit in visit_store.items():
             for name, tensor in visit.items():
                 assert torch.equal(saved["visit_store"][key][name], tensor)
     assert saved["tracker"] == tracker.state_dict()
-    values = tracker.value(first._dataset_keys, 2) if estimator == "spo++" else tracker.value(first._dataset_keys)
+    values = (
+        tracker.value(first._values.dataset_keys, 2)
+        if estimator == "spo++"
+        else tracker.value(first._values.dataset_keys)
+    )
     live_sampler = first._priority_sampler.state_dict()
     assert (saved["sampler"]["round"], saved["sampler"]["seed"]) == (live_sampler["round"], live_sampler["seed"])
     assert saved["sampler"]["weights"] == pytest.approx(((values * (1 - values)).sqrt() + 0.05).tolist(), abs=1e-12)
@@ -384,11 +388,11 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
     def recording_load(path):
         load(path)
         restored.update(
-            tracker=second._value_tracker.state_dict(),
+            tracker=second._values.tracker.state_dict(),
             event=second._value_event,
             sampler=second._priority_sampler.state_dict(),
-            pending=second._pending_visit,
-            visit_store=dict(second._visit_store),
+            pending=second._values.pending_visit,
+            visit_store=dict(second._values.visit_store),
         )
 
     second._load_optimizer_and_scheduler = recording_load
@@ -408,14 +412,14 @@ def test_checkpoint_round_trip(make_trainer, calculator_dataset, tmp_path, estim
 def record_dispatch_values(trainer: ASPOTrainer) -> list[dict[str, float]]:
     """Per generation round, the tracker value each dispatched prompt was given (read once per round)."""
     dispatched: list[dict[str, float]] = []
-    tracker_values = trainer._tracker_values
+    tracker_values = trainer._values.values
 
-    def recording_tracker_values(keys):
-        values = tracker_values(keys)
+    def recording_tracker_values(keys, event):
+        values = tracker_values(keys, event)
         dispatched.append(dict(zip(keys, values.tolist(), strict=True)))
         return values
 
-    trainer._tracker_values = recording_tracker_values
+    trainer._values.values = recording_tracker_values
     return dispatched
 
 
@@ -451,7 +455,7 @@ def test_value_init_file_sets_jeffreys_priors(make_trainer, small_dataset, tmp_p
         value_prior_strength=8.0,
     )
     keys = [prompt_key(prompts[0]), prompt_key(prompts[1]), prompt_key(prompts[2])]
-    tracker = trainer._value_tracker
+    tracker = trainer._values.tracker
     alpha, beta = tracker.pseudo_counts(keys, 0) if estimator == "spo++" else tracker.pseudo_counts(keys)
     # alpha0 = N0 (s + 0.5) / (n0 + 1), beta0 = N0 (n0 - s + 0.5) / (n0 + 1); a prompt with no record: Beta(0.5, 0.5).
     assert alpha.tolist() == pytest.approx([8 * 3.5 / 5, 8 * 1.0 / 3, 0.5])
@@ -523,7 +527,7 @@ def test_value_init_prepass(make_trainer, calculator_dataset):
     generate_and_score = trainer._generate_and_score_completions
 
     def snapshot(inputs):
-        at_first_dispatch.setdefault("tracker", trainer._value_tracker.state_dict())
+        at_first_dispatch.setdefault("tracker", trainer._values.tracker.state_dict())
         return generate_and_score(inputs)
 
     trainer._generate_and_score_completions = snapshot

@@ -106,14 +106,14 @@ def test_partly_matching_file_reports_the_count(tiny_tokenizer, chat_dataset, tm
     path = _write(tmp_path / "init.json", json.dumps(records))
     trainer = _trainer(tiny_tokenizer, chat_dataset, tmp_path, value_init_file=path)
     assert any("1 of 2 records match a training prompt; the other 1 are ignored" in line for line in warnings)
-    assert trainer._value_tracker.num_tracked == 2
+    assert trainer._values.tracker.num_tracked == 2
 
 
 def test_prompt_ids_in_the_file_match_numeric_columns(tiny_tokenizer, chat_dataset, tmp_path):
     dataset = chat_dataset.add_column("pid", list(range(100, 108)))
     path = _write(tmp_path / "init.json", json.dumps([{"prompt_id": 103, "successes": 3, "trials": 4}]))
     trainer = _trainer(tiny_tokenizer, dataset, tmp_path, value_init_file=path, prompt_id_column="pid")
-    alpha, beta = trainer._value_tracker.pseudo_counts(["103"], 0)
+    alpha, beta = trainer._values.tracker.pseudo_counts(["103"], 0)
     assert (alpha.item(), beta.item()) == pytest.approx((8 * 3.5 / 5, 8 * 1.5 / 5))
 
 
@@ -125,5 +125,5 @@ def test_records_match_prompts_to_which_datasets_added_none_fields(tiny_tokenize
     assert stored == [{"role": "user", "content": "What is 1 + 1?", "name": None}]
     path = _write(tmp_path / "init.json", json.dumps([{"prompt": messages[1], "successes": 3, "trials": 4}]))
     trainer = _trainer(tiny_tokenizer, dataset, tmp_path, value_init_file=path)
-    alpha, _ = trainer._value_tracker.pseudo_counts([prompt_key(stored)], 0)
+    alpha, _ = trainer._values.tracker.pseudo_counts([prompt_key(stored)], 0)
     assert alpha.item() == pytest.approx(8 * 3.5 / 5)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trl_aspo.config.async_config import AsyncASPOConfig
+from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.prompt_ids import prompt_key
 from trl_aspo.values.scoring import StepScorer
 
@@ -22,6 +23,13 @@ STEPS = [
 
 def config(tmp_path, **overrides):
     return AsyncASPOConfig(output_dir=str(tmp_path), use_cpu=True, token_budget=0, **overrides)
+
+
+def make_scorer(args) -> StepScorer:
+    """The asynchronous trainer's scorer of `args`, with the tracker its value tracking holds (priors from
+    `value_init_file` included)."""
+    values = ValueTracking.start(args, None, asynchronous=True)
+    return StepScorer(args, None if values is None else values.tracker)
 
 
 def score_step(scorer, step, worker_advantages=None, tool_positions=None, in_step=None):
@@ -40,7 +48,7 @@ def score_step(scorer, step, worker_advantages=None, tool_positions=None, in_ste
 
 def run(tmp_path, estimator, seed):
     """Advantages of every sample, in canonical order, when each step's samples arrive in a shuffled order."""
-    scorer = StepScorer(config(tmp_path, advantage_estimator=estimator, num_generations=1))
+    scorer = make_scorer(config(tmp_path, advantage_estimator=estimator, num_generations=1))
     rng = random.Random(seed)
     out = []
     for step in STEPS:
@@ -62,7 +70,7 @@ def test_spo_plus_plus_is_invariant_to_arrival_order_and_spo_is_not(tmp_path):
 
 
 def test_spo_plus_plus_values_by_hand(tmp_path):
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_rho=0.5))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_rho=0.5))
     scorer.tracker_baseline(["x", "x", "y", "x"], torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 0, 1])
     advantages, metrics = scorer.tracker_baseline(["x", "x"], torch.tensor([0.0, 1.0]), [1, 2])
     # x at z=1 sees the two version-0 outcomes: alpha = .5*.5 + .5*1 + .5*0 = .75, beta = .25 + 0 + .5 = .75 -> v = .5
@@ -73,7 +81,7 @@ def test_spo_plus_plus_values_by_hand(tmp_path):
 
 
 def test_token_normalization_and_single_completion_advantages_are_nonzero(tmp_path):
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
     result = score_step(scorer, STEPS[0])
     # Step 0: every value is the prior 0.5 except x at z=1, which sees x's two z=0 outcomes (mean 0.5): A = R - 0.5.
     raw = torch.tensor([0.5, -0.5, 0.5, 0.5], dtype=torch.float64)
@@ -87,7 +95,7 @@ def test_token_normalization_and_single_completion_advantages_are_nonzero(tmp_pa
 
 def test_group_baseline_is_computed_from_the_raw_rewards_for_batch_normalization(tmp_path):
     """The group estimator gets each group's raw rewards, not the worker's z-score (given nonsense here)."""
-    scorer = StepScorer(config(tmp_path, advantage_normalization="batch", num_generations=2))
+    scorer = make_scorer(config(tmp_path, advantage_normalization="batch", num_generations=2))
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)  # groups {0, 1} and {2, 3}
     step = [("a", 0, 1.0, 3, 0), ("a", 0, 0.0, 3, 0), ("b", 0, 1.0, 3, 1), ("b", 0, 1.0, 3, 1)]
     result = score_step(scorer, step, worker_advantages=torch.tensor([7.0, -7.0, 3.0, 3.0]))
@@ -97,7 +105,7 @@ def test_group_baseline_is_computed_from_the_raw_rewards_for_batch_normalization
 
 
 def test_unscorable_samples_get_zero_and_are_not_observed(tmp_path):
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo", num_generations=1))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo", num_generations=1))
     step = [("x", 0, float("nan"), 3, 0), ("x", 0, 1.0, 3, 1), ("y", 0, 0.0, 3, 2)]
     result = score_step(scorer, step)
     assert result.advantages[0] == 0.0
@@ -105,9 +113,9 @@ def test_unscorable_samples_get_zero_and_are_not_observed(tmp_path):
 
 
 def test_tool_shaping_over_the_step_with_one_completion_per_prompt(tmp_path):
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, tool_shaping=True))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, tool_shaping=True))
     step = [("a", 0, 1.0, 10, 0), ("b", 0, 1.0, 10, 1), ("c", 0, 0.0, 10, 2)]
-    plain = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    plain = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
     base = score_step(plain, step).advantages
     result = score_step(scorer, step, tool_positions=torch.tensor([2, 6, 1]))
     # Eligible: a and b (correct, with a call); mean position 4, mean length 10: b_i = -2 (p - 4) / 10 = -+0.4,
@@ -121,12 +129,12 @@ def test_tool_shaping_over_the_step_with_one_completion_per_prompt(tmp_path):
 
 
 def test_rewards_outside_unit_range_are_refused_or_mapped(tmp_path):
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
     with pytest.raises(
         ValueError, match=r"needs total rewards in \[0, 1\]; got 2.0. Set AsyncASPOConfig.value_reward_range"
     ):
         score_step(scorer, [("x", 0, 2.0, 3, 0)])
-    mapped = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_reward_range=[0, 2]))
+    mapped = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_reward_range=[0, 2]))
     # Mapped rewards 1 and 0 against the prior 0.5: A = +-0.5; token measure with L = 3, 3: sigma^2 = 1.5 / 5
     assert score_step(mapped, [("x", 0, 2.0, 3, 0), ("y", 0, 0.0, 3, 1)]).advantages.tolist() == pytest.approx(
         [0.5 / 0.3**0.5, -0.5 / 0.3**0.5], abs=1e-6
@@ -137,7 +145,7 @@ def test_value_init_file_sets_priors(tmp_path):
     init = tmp_path / "init.jsonl"
     key = prompt_key([{"role": "user", "content": "hi"}])
     init.write_text(json.dumps({"prompt_id": key, "alpha": 3.0, "beta": 1.0}) + "\n")
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_init_file=str(init)))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1, value_init_file=str(init)))
     advantages, _ = scorer.tracker_baseline([key], torch.tensor([1.0]), [0])
     assert advantages.tolist() == pytest.approx([0.25])
 
@@ -146,7 +154,7 @@ def test_value_init_file_sets_priors(tmp_path):
 def test_rows_of_one_forked_conversation_are_one_outcome(tmp_path, estimator):
     """TRL's worker splits a conversation whose re-tokenization drifts into several rows sharing one reward: the
     tracker sees that outcome once and no row sees it, also when the rows fall into two optimizer steps."""
-    scorer = StepScorer(config(tmp_path, advantage_estimator=estimator, num_generations=1, value_rho=0.5))
+    scorer = make_scorer(config(tmp_path, advantage_estimator=estimator, num_generations=1, value_rho=0.5))
     # x's conversation "c1" is forked into three rows: two in this step, one in the next.
     first = scorer.tracker_baseline(["x", "x", "y"], torch.tensor([1.0, 1.0, 0.0]), [0, 0, 0], ["c1", "c1", "c2"])[0]
     # Every value is the prior 0.5 (nothing of x observed before): each row of c1 gets 1 - 0.5.
@@ -164,7 +172,7 @@ def test_tool_shaping_reads_correctness_from_the_named_reward(tmp_path):
     """With `correctness_scores` (the `tool_shaping_correct_reward` function's rewards), a sample whose total reward
     is high but whose named reward is below the threshold is not eligible."""
     fields = dict(advantage_estimator="spo++", num_generations=1, tool_shaping=True)
-    scorer = StepScorer(config(tmp_path, **fields, tool_shaping_correct_reward="correct"))
+    scorer = make_scorer(config(tmp_path, **fields, tool_shaping_correct_reward="correct"))
     step = [("a", 0, 1.0, 10, 0), ("b", 0, 1.0, 10, 1), ("c", 0, 0.0, 10, 2)]
     size = len(step)
     result = scorer.score(
@@ -179,7 +187,7 @@ def test_tool_shaping_reads_correctness_from_the_named_reward(tmp_path):
     )
     # Eligible by the named reward: a and c (b's is 0, although its total is 1). Mean position 1.5, mean length 10:
     # b_a = -2 (2 - 1.5) / 10 = -0.1, b_c = -2 (1 - 1.5) / 10 = +0.1, each clipped to 0.7 |A|.
-    base = score_step(StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1)), step).advantages
+    base = score_step(make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1)), step).advantages
     bound = 0.7 * base.abs()
     bias = torch.tensor([-0.1, 0.0, 0.1], dtype=torch.float64)
     torch.testing.assert_close(result.advantages, base + torch.maximum(torch.minimum(bias, bound), -bound))
@@ -193,7 +201,7 @@ def test_infinite_rewards_leave_their_samples_unscored(tmp_path, estimator, norm
     """As in ASPOTrainer, an infinite total reward is TRL's None: its sample gets 0 and every other advantage stays
     finite, including its group-mates' (the worker's z-score of that group is NaN)."""
     generations = 1 if estimator != "group" else 2
-    scorer = StepScorer(
+    scorer = make_scorer(
         config(
             tmp_path,
             advantage_estimator=estimator,
@@ -221,7 +229,7 @@ def test_spo_plus_plus_prior_is_anchored_at_the_first_dispatch_whatever_the_arri
     assert anchored == pytest.approx(0.7994152, abs=1e-7)
 
     def value_at_8(same_step: bool, entry: int | None):
-        scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
+        scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=1))
 
         def step(versions, rewards):
             entries = None if entry is None else [entry] * len(versions)
@@ -252,7 +260,7 @@ def test_identical_completions_of_a_group_are_separate_outcomes_and_forked_rows_
 
     from trl_aspo.trainers.async_aspo_trainer import _conversation_id
 
-    scorer = StepScorer(config(tmp_path, advantage_estimator="spo++", num_generations=4))
+    scorer = make_scorer(config(tmp_path, advantage_estimator="spo++", num_generations=4))
     # Rollouts r0..r3 of group 0 at version 0; r1 forked into two rows.
     rows = [
         SimpleNamespace(group_id=0, model_version=0, rollout_id=rollout, completion="42")
@@ -280,7 +288,7 @@ def test_a_group_split_across_two_steps_is_shaped_with_the_whole_group(tmp_path)
     with advantage 0.8 (the worker's, kept by advantage_normalization='group'), scored as two steps of 2. Whole group:
     mean position 20.5, b_i = -2 (p_i - 20.5) / 50 = 0.74, 0.42, -0.38, -0.78, clipped to 0.7 x 0.8 = 0.56, so
     1.36, 1.22, 0.42, 0.24. Each half alone (mean positions 6 and 35) gave 0.96, 0.64, 1.00, 0.60."""
-    scorer = StepScorer(config(tmp_path, num_generations=4, tool_shaping=True))
+    scorer = make_scorer(config(tmp_path, num_generations=4, tool_shaping=True))
     group = [("x", 0, 1.0, 50, 0)] * 4
     positions = torch.tensor([2, 10, 30, 40])
     advantages = torch.full((4,), 0.8, dtype=torch.float64)
@@ -298,7 +306,7 @@ def test_a_group_estimator_gets_each_groups_raw_rewards_with_members_outside_the
     """Group 0 is split: its rows 0, 1 are in the step, rows 2, 3 (another step's) only enter its mean; a forked
     conversation's two rows count once. Group 0's conversations: 1.0, 0.0 (forked into rows 1 and 3), 0.5 -> mean 0.5;
     the unscored row 4 of group 1 takes part in nothing: group 1's mean is 0.2, its own."""
-    scorer = StepScorer(config(tmp_path, num_generations=3, advantage_normalization="batch"))
+    scorer = make_scorer(config(tmp_path, num_generations=3, advantage_normalization="batch"))
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, float("nan"), 0.2], dtype=torch.float64)
     centered = scorer.group_baseline(rewards, torch.tensor([0, 0, 0, 0, 1, 1]), ["a", "b", "c", "b", "d", "e"])
     assert centered.tolist() == pytest.approx([0.5, -0.5, 0.0, -0.5, 0.0, 0.0], abs=1e-15)
@@ -322,7 +330,7 @@ def test_an_unscorable_sample_takes_part_in_no_statistic(tmp_path):
     """issue 31 item 12: in a round of 8 with one unscored sample, `zero_advantage_share` is over the 7 scorable ones:
     group x (1, 1, 1, unscored) gives three zero advantages, group y (1, 0, 1, 0) none, so 3/7 (counting the unscored
     sample's 0, as before, gave 4/8); shaping's eligible share is over the 7 too (5/7, not 5/8)."""
-    scorer = StepScorer(config(tmp_path, num_generations=4, advantage_normalization="batch", tool_shaping=True))
+    scorer = make_scorer(config(tmp_path, num_generations=4, advantage_normalization="batch", tool_shaping=True))
     step = [("x", 0, r, 10, 0) for r in (1.0, 1.0, 1.0, float("nan"))] + [("y", 0, r, 10, 1) for r in (1.0, 0.0) * 2]
     # Every completion calls a tool at position 1; the correct scorable ones (x's three, y's two) are eligible.
     scored = score_step(scorer, step, tool_positions=torch.ones(8, dtype=torch.long))

@@ -12,6 +12,7 @@ import torch
 from trl_aspo.algorithms.advantage_checks import NonFiniteAdvantageError
 from trl_aspo.algorithms.policy_losses import get_policy_loss
 from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss
+from trl_aspo.values.event_values import AsyncEventValues
 from trl_aspo.values.scoring import AdvantageBatch, AdvantagePipeline, StepScorer
 
 
@@ -57,8 +58,9 @@ def test_token_normalization_then_shaping_by_hand():
     clipped = [max(-0.7 * abs(a), min(0.7 * abs(a), b)) for a, b in zip(normalized, bias, strict=True)]
     expected = [a + b for a, b in zip(normalized, clipped, strict=True)] + [0.0]
     assert scored.advantages.tolist() == pytest.approx(expected, abs=1e-12)
-    assert scored.metrics["shaping/eligible_frac"] == pytest.approx(2 / 4)
-    assert scored.metrics["zero_advantage_share"] == pytest.approx(1 / 4)  # the unscorable one
+    # Statistics are over the three scorable completions: the unscorable one takes part in none (issue 31 item 12).
+    assert scored.metrics["shaping/eligible_frac"] == pytest.approx(2 / 3)
+    assert scored.metrics["zero_advantage_share"] == 0.0
     assert scored.metrics["advantage/p50"] == pytest.approx(sorted(normalized)[1], abs=1e-9)
 
 
@@ -102,7 +104,7 @@ def test_the_async_scorer_ends_in_the_same_pipeline():
     """`StepScorer` (the asynchronous baseline) hands its `R - v` to the pipeline the synchronous trainer calls: the
     same numbers as the pipeline on the same centered values."""
     args = pipeline_args()
-    scorer = StepScorer(args)
+    scorer = StepScorer(args, AsyncEventValues(rho=args.value_rho))
     rewards = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
     scored = scorer.score(
         keys=["a", "b", "c"],
@@ -111,7 +113,6 @@ def test_the_async_scorer_ends_in_the_same_pipeline():
         token_counts=torch.tensor([2, 3, 4]),
         group_ids=torch.tensor([0, 1, 2]),
         worker_advantages=torch.zeros(3, dtype=torch.float64),
-        worker_reward_std=torch.zeros(3, dtype=torch.float64),
     )
     # Fresh prompts start at Beta(0.5, 0.5): v = 0.5, so R - v = (0.5, -0.5, 0.5).
     centered = torch.tensor([0.5, -0.5, 0.5], dtype=torch.float64)
@@ -193,7 +194,8 @@ def constant_penalty(texts, positions, lengths, calls, turns, advantages):
 def test_where_the_trainers_disagreed_the_synchronous_behaviour_holds():
     """Before the merge the asynchronous scorer counted `zero_advantage_share` after shaping and let a shaping extra
     move an unscorable sample; both now do what the synchronous trainer did: the share counts completions without
-    signal from the reward (after normalization, before shaping), and an unscorable sample stays at 0."""
+    signal from the reward (after normalization, before shaping), and an unscorable sample stays at 0 and is no part
+    of the share (two of the three scorable ones have advantage 0)."""
     args = pipeline_args(
         advantage_estimator="group", advantage_normalization="group", num_generations=2, tool_shaping=True
     )
@@ -210,4 +212,4 @@ def test_where_the_trainers_disagreed_the_synchronous_behaviour_holds():
         )
     )
     assert scored.advantages.tolist() == [-0.25, -0.25, 0.75, 0.0]  # the penalty is subtracted
-    assert scored.metrics["zero_advantage_share"] == pytest.approx(3 / 4)
+    assert scored.metrics["zero_advantage_share"] == pytest.approx(2 / 3)

@@ -102,23 +102,23 @@ def test_trl_worker_process_draws_from_the_shared_weights(vllm_server, tmp_path,
     def spawn_then_swap_certainty():
         spawn()
         # Now the tracker deems every prompt certain but `revived`, which starts afresh at Beta(0.5, 0.5).
-        others = [key for key in trainer._dataset_keys if key != revived]
-        trainer._scorer.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
-        trainer._scorer.tracker.set_pseudo_counts([revived], [0.5], [0.5])
-        trainer._refresh_priorities(trainer._dataset_keys)
+        others = [key for key in trainer._values.dataset_keys if key != revived]
+        trainer._values.tracker.set_pseudo_counts(others, [1e6] * len(others), [1e-6] * len(others))
+        trainer._values.tracker.set_pseudo_counts([revived], [0.5], [0.5])
+        trainer._values.refresh_priorities(trainer._values.dataset_keys)
 
     trainer.rollout_worker.start = spawn_then_swap_certainty
     samples = recording_scores(trainer)
     trainer.train()
     keys = [prompt_key(sample.prompt) for sample in samples]
-    assert len(keys) >= 8 and set(keys) <= set(trainer._dataset_keys)
+    assert len(keys) >= 8 and set(keys) <= set(trainer._values.dataset_keys)
     # With the weights as the child was spawned, `revived` (weight ~2e-6 against >= 8 * 0.1) comes up with
     # probability < 2e-5 per draw; after the swap it carries all but ~15 * 2e-6 / 0.5 of the weight. Groups drawn
     # before the swap (the child starts drawing as soon as it is up) come from the uncertain half.
     assert revived in keys
     assert not set(keys) & (certain - {revived})
     assert keys[-1] == revived
-    assert trainer._scorer.tracker.visits([revived]).item() == keys.count(revived)
+    assert trainer._values.tracker.visits([revived]).item() == keys.count(revived)
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
 
@@ -148,8 +148,8 @@ def test_trl_worker_process_stamps_first_dispatches_into_the_shared_table(vllm_s
     assert trainer.rollout_worker._loop_cls is TrackedAsyncRolloutLoop
     samples = recording_scores(trainer)
     trainer.train()
-    dispatches = trainer._prompt_dispatches.state_dict()
-    priors = trainer._scorer.tracker.state_dict()["prior"]
+    dispatches = trainer._values.prompt_dispatches.state_dict()
+    priors = trainer._values.tracker.state_dict()["prior"]
     assert len(samples) >= 8 and all(isinstance(sample, TrackedRolloutSample) for sample in samples)
     for sample in samples:
         key = prompt_key(sample.prompt)

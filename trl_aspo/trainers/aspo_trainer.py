@@ -12,7 +12,6 @@ With every switch of `ASPOConfig` at its default the trainer computes exactly wh
 
 from __future__ import annotations
 
-import collections
 import copy
 
 import torch
@@ -36,8 +35,7 @@ from trl_aspo.trainers.grpo_prepass import GRPOValuePrepassMixin
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
-from trl_aspo.trainers.visit_drift import VisitDrift
-from trl_aspo.values.event_tracker import EventValueTracker
+from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.prompt_ids import prompt_keys
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts
 from trl_aspo.values.scoring import (
@@ -48,14 +46,7 @@ from trl_aspo.values.scoring import (
     unscorable_if_infinite_rewards,
     warn_if_tool_shaping_runs_no_tools,
 )
-from trl_aspo.values.single_stream import (
-    PromptRows,
-    dataset_prompt_keys,
-    init_values_from_file,
-    tracker_rewards,
-    tracker_values,
-    train_rows,
-)
+from trl_aspo.values.single_stream import dataset_prompt_keys, tracker_rewards, train_rows
 
 
 class ASPOTrainer(
@@ -115,15 +106,11 @@ class ASPOTrainer(
             # Every row's id, checked now (as the asynchronous trainer does), not when a bad row is first drawn.
             dataset_prompt_keys(self.train_dataset, args)
         self._estimator = get_advantage_estimator(args.advantage_estimator)
-        self._single_stream = self._estimator.tracks_values
+        # The policy event of value tracking: one per generation round (also seeds each round's draws).
         self._value_event = 0
-        self._pending_visit = None
-        # KL-adaptive rho: per prompt, the completion of its last visit with its post-update log-probs (CPU).
-        self._visit_store: dict[str, dict[str, torch.Tensor]] = {}
-        self._visit_drift = VisitDrift(args, self.accelerator, self._visit_forward)
-        self._value_tracker = self._estimator.make_tracker(args, False) if self._single_stream else None
-        if self._value_tracker is not None and args.value_init_file is not None:
-            init_values_from_file(self._value_tracker, args, self.train_dataset)
+        self._values = ValueTracking.start(
+            args, self.train_dataset, asynchronous=False, accelerator=self.accelerator, forward=self._visit_forward
+        )
         self._tool_calls = ToolCallCounter(self._tokenizer, args.tool_call_opener, args.tool_call_pattern)
         self._pipeline = AdvantagePipeline(args)
         check_correct_reward_name(args, self.reward_func_names, "the reward functions are")
@@ -141,11 +128,6 @@ class ASPOTrainer(
             return super()._get_train_sampler(dataset)
         dataset = self.train_dataset if dataset is None else dataset
         self._sampling_dataset = dataset
-        self._dataset_keys = dataset_prompt_keys(dataset, self.args)
-        self._prompt_rows = PromptRows(self._dataset_keys)
-        # Rows of the last two draws: the only prompts whose values can change before the next refresh (a round's
-        # outcomes reach the tracker in its own round, or at the next dispatch under KL-adaptive rho).
-        self._recent_draws: collections.deque[list[int]] = collections.deque(maxlen=2)
         # Deferred: the loader's rows are placeholders; `_draw_prioritized_round` picks the prompts at dispatch.
         self._priority_sampler = PrioritizedRepeatSampler(
             len(dataset),
@@ -156,7 +138,9 @@ class ASPOTrainer(
             epsilon=self.args.priority_epsilon,
             deferred=True,
         )
-        self._refresh_priorities(full=True)
+        # The weights follow the tracker: every round's observed prompts, all rows now and after a resume.
+        self._values.follow_priorities(self._priority_sampler.update_values, lambda: self._value_event)
+        self._values.refresh_priorities()
         return self._priority_sampler
 
     def _draw_prioritized_round(self, inputs: list[dict]) -> list[dict]:
@@ -167,31 +151,9 @@ class ASPOTrainer(
         the round index and the tracker, so a resumed run draws what the uninterrupted one drew. Rows are laid out
         as the loader lays them (each prompt `num_generations` times, rank `k` taking the `k`-th contiguous share)."""
         drawn = self._priority_sampler.draw(self._value_event)
-        self._recent_draws.append(drawn)
         repeated = [row for row in drawn for _ in range(self.num_generations)]
         start = self.accelerator.process_index * len(inputs)
         return [self._sampling_dataset[row] for row in repeated[start : start + len(inputs)]]
-
-    def _refresh_priorities(self, full: bool = False) -> None:
-        """Set the sampler's weights from the tracker's values (identical on every rank: the tracker is).
-
-        Only the prompts of the last two draws are recomputed unless `full` (after the tracker is replaced, e.g. on
-        resume): a value changes only when an outcome of its prompt is observed (see `values.sampler`)."""
-        if self._priority_sampler is None:
-            return
-        if full:
-            self._priority_sampler.set_values(self._all_priority_values(self._value_tracker))
-            return
-        rows = self._prompt_rows.rows(self._dataset_keys[row] for drawn in self._recent_draws for row in drawn)
-        self._priority_sampler.update_values(
-            rows, self._prompt_rows.values(self._value_tracker, rows, self._value_event)
-        )
-
-    def _all_priority_values(self, tracker) -> torch.Tensor:
-        return self._prompt_rows.values(tracker, list(range(len(self._dataset_keys))), self._value_event)
-
-    def _tracker_values(self, keys: list[str]) -> torch.Tensor:
-        return tracker_values(self._value_tracker, keys, self._value_event)
 
     # ---------------------------------------------------------------- advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -203,14 +165,13 @@ class ASPOTrainer(
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        if mode == "train" and self._single_stream:
-            self._observe_pending_visit()
+        if mode == "train" and self._values is not None:
+            self._append_train_metrics(self._values.close_pending_round())
             if self.args.prioritized_sampling:
                 inputs = self._draw_prioritized_round(inputs)
             keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
-            if isinstance(self._value_tracker, EventValueTracker):
-                self._value_tracker.enter(keys, self._value_event)
-            dispatch_values = self._tracker_values(keys).float()
+            self._values.enter(keys, self._value_event)
+            dispatch_values = self._values.values(keys, self._value_event).float()
         output = super()._generate_and_score_completions(inputs)
         if mode != "train":
             return output
@@ -223,10 +184,13 @@ class ASPOTrainer(
         scorable = ~torch.isnan(rewards)
         # TRL lays each prompt's completions out consecutively, `num_generations` at a time.
         group_ids = torch.arange(len(rewards), device=device) // self.num_generations
-        if self._single_stream:
+        if self._values is not None:
             outcomes = tracker_rewards(rewards, self.args)
             centered = outcomes - dispatch_values.to(device)
-            self._log_tracker_metrics(keys, dispatch_values)
+            self._append_train_metrics(self._values.round_metrics(keys, dispatch_values, self._value_event))
+            if self._priority_sampler is not None:
+                effective = effective_num_prompts(self._priority_sampler.weights).item()
+                self._append_train_metrics({"value/effective_prompts": effective})
         else:
             centered = self._estimator(rewards, group_ids, scorable)
             if self.args.filter_zero_variance_groups:
@@ -260,12 +224,12 @@ class ASPOTrainer(
         )
         for name, value in scored.metrics.items():
             self._metrics[mode][name].append(value)
-        if self._single_stream or self.args.advantage_normalization != "group" or self.args.tool_shaping:
+        if self._values is not None or self.args.advantage_normalization != "group" or self.args.tool_shaping:
             output["advantages"] = self._local_slice(scored.advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
             self._logs["advantages"].extend(scored.advantages.tolist())
-        if self._single_stream:
-            self._observe(keys, outcomes, scorable, output)
+        if self._values is not None:
+            self._values.observe_round(keys, outcomes, scorable, self._value_event, output)
         policy_loss = get_policy_loss(self.loss_type)
         if policy_loss is not None and policy_loss.draw is not None:
             # Drawn once per round on the gathered advantages, seeded alike on every rank.
@@ -302,56 +266,17 @@ class ASPOTrainer(
                 self._metrics["train"][f"tools/{name}"].append(value)
         return gathered
 
-    # ---------------------------------------------------------------- value tracker
-    def _observe(self, keys, outcomes, scorable, output) -> None:
-        if self.args.value_rho_mode == "kl":
-            self._pending_visit = self._visit_drift.snapshot(output, keys, outcomes, scorable)
-            return
-        valid_keys = [key for key, ok in zip(keys, scorable.tolist(), strict=True) if ok]
-        valid_outcomes = outcomes[scorable].double().cpu()
-        if isinstance(self._value_tracker, EventValueTracker):
-            self._value_tracker.observe(valid_keys, valid_outcomes, [self._value_event] * len(valid_keys))
-        else:
-            self._value_tracker.observe(valid_keys, valid_outcomes, self.args.value_rho)
-        self._refresh_priorities()
-
+    # ---------------------------------------------------------------- value tracking
     def _visit_forward(self, input_ids, attention_mask, logits_to_keep, multimodal) -> torch.Tensor:
+        """The current policy's log-probs for KL-adaptive rho's pass over stored visits (`ValueTracking`)."""
         batch_size = self.args.per_device_train_batch_size
         return self._get_per_token_logps_and_entropies(
             self.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **multimodal
         )[0]
 
-    def _observe_pending_visit(self) -> None:
-        """SPO's KL-adaptive rho: the last round's outcomes enter the tracker after the updates that used it."""
-        pending, self._pending_visit = self._pending_visit, None
-        if pending is None:
-            return
-        closed = self._visit_drift.close(pending, self._value_tracker, self._visit_store)
-        if closed["rho"].numel():
-            metrics = self._metrics["train"]
-            metrics["value/rho_mean"].append(closed["rho"].mean().item())
-            metrics["value/kl_drift"].append(closed["drift"].mean().item())
-            unclipped = torch.exp2(-closed["drift"] / self.args.value_kl_half)
-            metrics["value/rho_clip_frac"].append((unclipped != closed["rho"]).double().mean().item())
-            metrics["value/first_visit_frac"].append(closed["first_visit"].double().mean().item())
-        self._refresh_priorities()
-
-    def _log_tracker_metrics(self, keys: list[str], dispatch_values: torch.Tensor) -> None:
-        """Per round: the dispatched prompts' mean value, effective evidence alpha + beta (the reference's
-        `spo/Neff`) and visits so far, and the tracker's size."""
-        metrics = self._metrics["train"]
-        metrics["value/mean"].append(dispatch_values.mean().item())
-        if isinstance(self._value_tracker, EventValueTracker):
-            alpha, beta = self._value_tracker.pseudo_counts(keys, self._value_event)
-        else:
-            alpha, beta = self._value_tracker.pseudo_counts(keys)
-        metrics["value/alpha_plus_beta"].append((alpha + beta).mean().item())
-        metrics["value/visits_per_prompt"].append(self._value_tracker.visits(keys).double().mean().item())
-        metrics["value/tracked_prompts"].append(float(self._value_tracker.num_tracked))
-        if self.args.value_rho_mode == "constant":
-            metrics["value/rho_mean"].append(self.args.value_rho)
-        if self._priority_sampler is not None:
-            metrics["value/effective_prompts"].append(effective_num_prompts(self._priority_sampler.weights).item())
+    def _append_train_metrics(self, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """Trainer's scheduler; with `lr_schedule_per_generation`, each multiplier is taken at the first optimizer
@@ -380,7 +305,7 @@ class ASPOTrainer(
 
     def _save_aspo_state(self, checkpoint: str) -> None:
         # Collective when a KL-adaptive round is pending (rho is gathered): every rank computes, the main one writes.
-        tracker, visit_store = (None, None) if self._value_tracker is None else self._checkpoint_tracker()
+        tracker, entries = (None, {}) if self._values is None else self._values.checkpoint_entries()
         self._save_weight_map(checkpoint)
         if not self.args.should_save:
             return
@@ -388,7 +313,7 @@ class ASPOTrainer(
         if self._priority_sampler is not None:
             # Weights of the checkpoint's tracker (which may have closed a pending round), so the file is consistent.
             sampler = copy.deepcopy(self._priority_sampler)
-            sampler.set_values(self._all_priority_values(tracker))
+            sampler.set_values(self._values.priority_values(self._value_event, tracker))
             sampler = sampler.state_dict()
         save_project_state(
             checkpoint,
@@ -396,39 +321,26 @@ class ASPOTrainer(
             train_rows(self.train_dataset),
             self._value_event,
             self._aspo_kl_coef,
-            None if tracker is None else tracker.state_dict(),
-            visit_store=visit_store,
+            entries.pop("tracker", None),
             sampler=sampler,
+            **entries,
         )
-
-    def _checkpoint_tracker(self):
-        """The tracker and stored visits a run resumed from this checkpoint must start from.
-
-        With KL-adaptive rho the last round's outcomes wait for the updates that use it. A resumed run starts with a
-        fresh generation round, so the checkpoint closes the pending round with the current model: at a round
-        boundary this is exactly what the next dispatch computes (the model does not change in between). It is done
-        on copies (the visits dict shallowly: closing replaces entries, never mutates them), so the running training
-        is untouched."""
-        if self._pending_visit is None:
-            return self._value_tracker, self._visit_store
-        tracker, visit_store = copy.deepcopy(self._value_tracker), dict(self._visit_store)
-        self._visit_drift.close(self._pending_visit, tracker, visit_store)
-        return tracker, visit_store
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
         self._restore_weight_map(checkpoint)
-        state, fresh = restore_project_state(
-            checkpoint, self.args, train_rows(self.train_dataset), self._value_tracker, self.state.global_step
-        )
+        if self._values is None:
+            state, _ = restore_project_state(
+                checkpoint, self.args, train_rows(self.train_dataset), None, self.state.global_step
+            )
+        else:
+            state = self._values.restore(checkpoint, self.state.global_step)
         if state is None:
             return
         self._value_event = state["value_event"]
         self._aspo_kl_coef = state["aspo_kl_coef"]
-        self._pending_visit = None
-        self._visit_store = {} if fresh else dict(state.get("visit_store", {}))
         if self._priority_sampler is not None and state.get("sampler") is not None:
             try:
                 self._priority_sampler.load_state_dict(state["sampler"])
@@ -438,5 +350,7 @@ class ASPOTrainer(
                     "resumed: "
                     f"{error.__class__.__name__}: {error}"
                 ) from None
-        # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its tracker.
-        self._refresh_priorities(full=True)
+        if self._values is not None:
+            # A checkpoint without sampler state (saved without prioritized sampling) still sets weights from its
+            # tracker, at the restored event.
+            self._values.refresh_priorities()

@@ -3,18 +3,18 @@ and tool shaping (docs/async.md, docs/design.md).
 
 The rollout worker sees one prompt group at a time, so everything that needs more than a group is done here, on the
 main process, which holds every rank's samples (TRL dispatches batches from it): each optimizer step's samples are
-taken together (`trl_aspo.infra.step_batches`) and scored by `StepScorer` (baseline `R - v(x, z)` with `z` the
-sample's `model_version`) in front of the `AdvantagePipeline` the synchronous trainer calls too. A registered loss
-runs in the shared `assembled_loss` on the log-probs of TRL's own packed forward, with the generator's log-probs as
-the old policy; the checkpoint state, the pre-pass accounting and the priorities are the synchronous trainer's
-functions.
+taken together, with the members of its groups outside it (`trl_aspo.infra.step_batches`), and scored by `StepScorer`
+(the registered group estimator on each group's raw rewards, or the tracker's `R - v(x, z)` with `z` the sample's
+`model_version`) in front of the `AdvantagePipeline` the synchronous trainer calls too. A registered loss runs in the
+shared `assembled_loss` on the log-probs of TRL's own packed forward, with the generator's log-probs as the old
+policy; value tracking (tracker, pre-pass priors, priorities, checkpoint state) is the `ValueTracking` collaborator
+the synchronous trainer holds too.
 
 With every new field at its default the trainer is `AsyncGRPOTrainer`: no scoring layer, TRL's loss.
 """
 
 from __future__ import annotations
 
-import collections
 import inspect
 import logging
 
@@ -34,7 +34,6 @@ from trl_aspo.infra.fallbacks import install_cpu_fallbacks
 from trl_aspo.infra.local_worker import LocalRolloutWorker
 from trl_aspo.infra.notices import dropped_log_messages
 from trl_aspo.infra.prompt_stream import (
-    PromptDispatches,
     PromptPriorities,
     attach_prompt_priorities,
     attach_rollout_tracking,
@@ -48,22 +47,13 @@ from trl_aspo.infra.step_batches import (
 )
 from trl_aspo.infra.vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
 from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
-from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.local_worker_resume import LocalWorkerResumeMixin
-from trl_aspo.trainers.project_state import restore_project_state, save_project_state
+from trl_aspo.trainers.project_state import save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
-from trl_aspo.values.prompt_ids import prompt_key
+from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.scoring import StepScorer, check_correct_reward_name, warn_if_tool_shaping_runs_no_tools
-from trl_aspo.values.single_stream import (
-    PromptRows,
-    dataset_prompt_keys,
-    init_values_from_samples,
-    prepass_prompts,
-    prompt_ids_by_content,
-    tracker_rewards,
-    train_rows,
-)
+from trl_aspo.values.single_stream import prepass_prompts, train_rows
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +78,7 @@ class AsyncASPOTrainer(
     - `get_batch_samples`: counts one optimizer step's action tokens and completions for `aspo_aggregation`.
     - `_get_grad_norm`: `skip_nonfinite_grad_steps` drops a step's gradients when their norm is not finite.
     - `compute_loss`: TRL's PPO loss is inlined in it; the aspo loss runs on the same packed forward.
-    - `training_step`: marks the end of an optimizer step for the checkpointed tracker state.
+    - `training_step`: marks the end of an optimizer step for the checkpointed tracker state (`ValueTracking`).
     - `log`: closes the weight map's logging window.
     - `_save_rng_state`: the hook every rank runs inside a new checkpoint before it is marked complete.
     - `_load_optimizer_and_scheduler`: the hook of a resume after the model is loaded, before training.
@@ -96,7 +86,7 @@ class AsyncASPOTrainer(
 
     # Defaults for a trainer built without this __init__, as TRL's own tests build one (TrainingArguments only).
     _micro_batches_of_step = 0
-    _untrained_tracker_states: collections.deque[dict] | tuple = ()
+    _values: ValueTracking | None = None
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -139,22 +129,18 @@ class AsyncASPOTrainer(
         # The rollout worker runs the tools of these arguments (TRL's worker; the CLI hands the same to its local one).
         runs_tools = bool(self._prepass_inputs["tools"]) or self._prepass_inputs["environment_factory"] is not None
         warn_if_tool_shaping_runs_no_tools(self.args, "tools= or environment_factory=", runs_tools)
-        self._scorer = StepScorer(self.args, self.train_dataset)
+        self._values = ValueTracking.start(self.args, self.train_dataset, asynchronous=True)
+        self._scorer = StepScorer(self.args, None if self._values is None else self._values.tracker)
         # As the synchronous trainer: tool metrics when tools run, a pattern detects calls, or shaping reads them.
         self._tool_calls = None
         if runs_tools or self.args.tool_shaping or self.args.tool_call_pattern is not None:
             self._tool_calls = ToolCallCounter(
                 self.processing_class, self.args.tool_call_opener, self.args.tool_call_pattern
             )
-        self._ids_by_prompt = None
-        if self.args.prompt_id_column is not None:
-            self._ids_by_prompt = prompt_ids_by_content(self.train_dataset, self.args)
-        self._prompt_rows = None
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
-        self._prompt_dispatches = self._start_rollout_tracking() if self.args.scores_on_trainer else None
+        if self.args.scores_on_trainer:
+            self._start_rollout_tracking()
         self._warned_untracked_samples = False
-        # Tracker states before each scored step that is not trained yet, oldest first (see `_trained_tracker_state`).
-        self._untrained_tracker_states: collections.deque[dict] = collections.deque()
         self._micro_batches_of_step = 0
         self._start_weight_map()
 
@@ -168,10 +154,8 @@ class AsyncASPOTrainer(
         """`Trainer.train`, preceded on a fresh start by the value pre-pass when `value_init_samples > 0` (as in
         ASPOTrainer: a resumed run restores its tracker from the checkpoint instead)."""
         if (
-            self._scorer.tracker is not None
-            and self.args.value_init_samples > 0
-            and not resume_from_checkpoint
-            and self.state.global_step == 0
+            self._values is not None
+            and self._values.prepass_due(resume_from_checkpoint, self.state.global_step > 0)
             and self.accelerator.is_main_process
         ):
             self._value_init_prepass()
@@ -179,7 +163,7 @@ class AsyncASPOTrainer(
 
     def _value_init_prepass(self) -> None:
         """Initialize the tracker from `value_init_samples` completions per training prompt of the starting policy
-        (`init_values_from_samples`, shared with ASPOTrainer; priors anchored at version 0, the start of training).
+        (`ValueTracking.init_from_prepass`, as ASPOTrainer's; priors anchored at version 0, the start of training).
 
         The rollouts run on the trainer's policy with the tool loop of `trl_aspo.evaluation.tool_use` (TRL's, at the
         training temperature, `max_completion_length` and `max_tool_calling_iterations`), scored by the sum of the
@@ -205,27 +189,19 @@ class AsyncASPOTrainer(
         prompts = list(first_rows)
         rewards = torch.tensor([record["reward"] for record in result["records"]], dtype=torch.float64)
         sample_keys = [prompts[record["problem"]] for record in result["records"]]
-        outcomes = tracker_rewards(rewards, self.args).tolist()
-        init_values_from_samples(self._scorer.tracker, prompts, sample_keys, outcomes, self.args)
-        if self._prompt_priorities is not None:
-            self._refresh_priorities(self._dataset_keys)
+        self._values.init_from_prepass(prompts, sample_keys, rewards)
 
     # ---------------------------------------------------------------- what the worker records for the tracker
-    def _start_rollout_tracking(self) -> PromptDispatches | None:
+    def _start_rollout_tracking(self) -> None:
         """Make TRL's or the local rollout worker stamp each row with its conversation (a forked conversation is one
         outcome, and one member of its group) and, for a tracker that anchors priors at a prompt's first dispatch
-        (spo++) on a map-style dataset, that dispatch's version, recorded in a shared table this returns (None
-        otherwise). Any other worker's rows are scored without them (`_score_step` says so once)."""
+        (spo++) on a map-style dataset, that dispatch's version, recorded where value tracking keeps it
+        (`ValueTracking.record_dispatches`). Any other worker's rows are scored without them (`_score_step` says so
+        once)."""
         if not isinstance(self.rollout_worker, AsyncRolloutWorker | LocalRolloutWorker):
-            return None
-        dispatches = None
-        tracker = self._scorer.tracker
-        if tracker is not None and tracker.ages_by_event and isinstance(self.train_dataset, Dataset):
-            if not hasattr(self, "_dataset_keys"):
-                self._dataset_keys = dataset_prompt_keys(self.train_dataset, self.args)
-            dispatches = PromptDispatches(self._dataset_keys)
+            return
+        dispatches = None if self._values is None else self._values.record_dispatches()
         attach_rollout_tracking(self.rollout_worker, dispatches)
-        return dispatches
 
     # ---------------------------------------------------------------- prioritized prompt stream
     def _start_prompt_priorities(self) -> PromptPriorities:
@@ -236,27 +212,16 @@ class AsyncASPOTrainer(
                 "AsyncASPOConfig.prioritized_sampling=True needs train_dataset to be a map-style datasets.Dataset "
                 f"(the worker draws rows by index), got {type(dataset).__name__}."
             )
-        # The key `_score_step` gives a sample (its prompt's content hash), so scored prompts map back to rows.
-        self._dataset_keys = dataset_prompt_keys(dataset, self.args)
-        self._prompt_rows = PromptRows(self._dataset_keys)
-        rows = list(range(len(self._dataset_keys)))
+        # spo++ reads values at the next model version, so every outcome received so far is visible.
         priorities = PromptPriorities(
-            # spo++ reads values at the next model version, so every outcome received so far is visible.
-            self._prompt_rows.values(self._scorer.tracker, rows, self.model_version + 1),
+            self._values.priority_values(self.model_version + 1),
             seed=self.args.seed,
             epsilon=self.args.priority_epsilon,
         )
+        self._values.follow_priorities(priorities.update, lambda: self.model_version + 1)
         if self.rollout_worker is not None:
             attach_prompt_priorities(self.rollout_worker, priorities)
         return priorities
-
-    def _refresh_priorities(self, keys: list[str]) -> None:
-        """Recompute the weights of the rows of `keys` (a value changes only when its prompt gets an outcome)."""
-        rows = self._prompt_rows.rows(keys)
-        self._prompt_priorities.update(
-            rows, self._prompt_rows.values(self._scorer.tracker, rows, self.model_version + 1)
-        )
-        self._metrics["train"]["value/effective_prompts"].append(self._prompt_priorities.effective_prompts())
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):
@@ -311,9 +276,10 @@ class AsyncASPOTrainer(
         members of the step's groups outside the step (`StepScoringDataset`), which only the group statistics read."""
         rows = [*samples, *context]
         masks = [torch.as_tensor(sample.completion_mask) for sample in rows]
-        keys = [self._sample_key(sample) for sample in rows]
-        if self._scorer.tracker is not None:
-            self._untrained_tracker_states.append(self._scorer.tracker.state_dict())
+        keys = None
+        if self._values is not None:
+            keys = [self._values.sample_key(sample) for sample in rows]
+            self._values.step_scored()
         tool_stats = None
         if self.args.tool_shaping:
             tool_stats = self._tool_statistics([(sample.input_ids, sample.completion_mask) for sample in rows])
@@ -331,12 +297,12 @@ class AsyncASPOTrainer(
             entry_versions=self._entry_versions(rows),
             in_step=torch.arange(len(rows)) < len(samples),
         )
-        if hasattr(self._scorer.tracker, "advance"):
-            self._scorer.tracker.advance(max(0, self.model_version - self.args.max_staleness))
+        if self._values is not None:
+            self._values.step_observed(keys[: len(samples)], self.model_version - self.args.max_staleness)
+        if self._prompt_priorities is not None:
+            scored.metrics["value/effective_prompts"] = self._prompt_priorities.effective_prompts()
         for name, value in scored.metrics.items():
             self._metrics["train"][name].append(value)
-        if self._prompt_priorities is not None:
-            self._refresh_priorities(keys[: len(samples)])
         return scored.advantages
 
     def _entry_versions(self, samples) -> list[int] | None:
@@ -345,8 +311,7 @@ class AsyncASPOTrainer(
         once: without conversation ids every row counts as its own outcome; without dispatch versions (another rollout
         worker, a dataset that is not map-style) spo++ anchors at the earliest version scored, which depends on
         arrival order."""
-        tracker = self._scorer.tracker
-        anchored = tracker is not None and tracker.ages_by_event
+        anchored = self._values is not None and self._values.tracker.ages_by_event
         stamped = [getattr(sample, "prompt_dispatch_version", None) for sample in samples]
         missing = []
         if any(getattr(sample, "rollout_id", None) is None for sample in samples):
@@ -378,19 +343,6 @@ class AsyncASPOTrainer(
         self._trained_groups.add(sample.group_id)
         return True
 
-    def _sample_key(self, sample) -> str:
-        """The tracker key of a sample: its prompt's content hash, or its `prompt_id_column` id."""
-        content = prompt_key(sample.prompt)
-        if self._ids_by_prompt is None:
-            return content
-        if content not in self._ids_by_prompt:
-            raise ValueError(
-                f"AsyncASPOConfig.prompt_id_column={self.args.prompt_id_column!r}: a sample's prompt matches no "
-                "train_dataset row, so its id is unknown (did the rollout worker or an environment change the "
-                "prompt?). Leave prompt_id_column unset to key prompts by their content."
-            )
-        return self._ids_by_prompt[content]
-
     def _correctness_scores(self, samples) -> torch.Tensor | None:
         """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""
         name = self.args.tool_shaping_correct_reward
@@ -409,40 +361,29 @@ class AsyncASPOTrainer(
     # ---------------------------------------------------------------- checkpoints
     def training_step(self, model, inputs, num_items_in_batch=None):
         """TRL's step; after an optimizer step's last micro-batch, the tracker state before that step's scoring is
-        no longer an untrained step's (`_trained_tracker_state`)."""
+        no longer an untrained step's (`ValueTracking.checkpoint_entries`)."""
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._micro_batches_of_step += 1
         if self._micro_batches_of_step == self.args.gradient_accumulation_steps:
             self._micro_batches_of_step = 0
-            if self._untrained_tracker_states:
-                self._untrained_tracker_states.popleft()
+            if self._values is not None:
+                self._values.step_trained()
         return loss
-
-    def _trained_tracker_state(self) -> dict:
-        """The tracker state of the trained steps: the data loader fetches (and `_score_step` scores) one step ahead
-        of training, so when a checkpoint is written the next step's outcomes are already observed. The checkpoint
-        gets the state from before that step's scoring, the tracker of its weights: the resumed worker starts at
-        the first untrained prompt and regenerates that step, whose outcomes are then observed once. (One state
-        dict is kept per scored step not yet trained: O(tracked prompts) per step.)"""
-        if self._untrained_tracker_states:
-            return self._untrained_tracker_states[0]
-        return self._scorer.tracker.state_dict()
 
     def _save_rng_state(self, output_dir: str) -> None:
         # The tracker lives on the main process, which scores every rank's samples.
         super()._save_rng_state(output_dir)
         self._save_weight_map(output_dir)
-        if self._scorer.tracker is not None and self.accelerator.is_main_process:
-            # Every dispatch so far, also of groups still in flight: the uninterrupted run keeps those too.
-            dispatches = None if self._prompt_dispatches is None else self._prompt_dispatches.state_dict()
+        if self._values is not None and self.accelerator.is_main_process:
+            _, entries = self._values.checkpoint_entries()
             save_project_state(
                 output_dir,
                 self.args,
                 train_rows(self.train_dataset),
                 self.model_version,
                 0.0,
-                self._trained_tracker_state(),
-                prompt_dispatches=dispatches,
+                entries.pop("tracker"),
+                **entries,
             )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
@@ -450,18 +391,5 @@ class AsyncASPOTrainer(
         if checkpoint is None:
             return
         self._restore_weight_map(checkpoint)
-        if self._scorer.tracker is None:
-            return
-        state, fresh = restore_project_state(
-            checkpoint, self.args, train_rows(self.train_dataset), self._scorer.tracker
-        )
-        if state is not None and not fresh and self._prompt_dispatches is not None and "prompt_dispatches" in state:
-            try:
-                self._prompt_dispatches.load_state_dict(state["prompt_dispatches"])
-            except ValueError as error:
-                raise ValueError(f"checkpoint state {checkpoint_state_file(checkpoint)}: {error}") from None
-        if state is None:
-            return
-        self._untrained_tracker_states.clear()
-        if self._prompt_priorities is not None:
-            self._refresh_priorities(self._dataset_keys)
+        if self._values is not None and self._values.restore(checkpoint) is not None:
+            self._values.refresh_priorities()

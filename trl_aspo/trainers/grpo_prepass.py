@@ -1,6 +1,6 @@
 """`ASPOTrainer`'s value pre-pass (`value_init_samples`): the tracker's priors from completions of the starting
-policy, generated and scored by GRPOTrainer's own `_generate` and `_calculate_rewards`, counted by
-`init_values_from_samples` (shared with AsyncASPOTrainer)."""
+policy, generated and scored by GRPOTrainer's own `_generate` and `_calculate_rewards`, handed to the value-tracking
+collaborator both trainers hold (`ValueTracking.init_from_prepass`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import inspect
 import torch
 from tqdm.auto import tqdm
 
-from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.scoring import total_rewards
-from trl_aspo.values.single_stream import init_values_from_samples, prepass_prompts, tracker_rewards
+from trl_aspo.values.single_stream import prepass_prompts
 from trl_aspo.values.value_init import prepass_plan
 
 
@@ -24,19 +23,14 @@ class GRPOValuePrepassMixin:
 
         A resumed run restores its tracker from the checkpoint instead, and a trainer that has already dispatched
         (a second `train()` call) keeps the tracker it has."""
-        if (
-            self._value_tracker is not None
-            and self.args.value_init_samples > 0
-            and not resume_from_checkpoint
-            and self._value_event == 0
-        ):
+        if self._values is not None and self._values.prepass_due(resume_from_checkpoint, self._value_event > 0):
             self._value_init_prepass()
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
 
     @torch.no_grad()
     def _value_init_prepass(self) -> None:
         """Initialize the tracker from `value_init_samples` completions per training prompt of the starting policy
-        (`init_values_from_samples`, shared with AsyncASPOTrainer).
+        (`ValueTracking.init_from_prepass`, as AsyncASPOTrainer's).
 
         Generation and scoring are TRL's own (`_generate`, `_calculate_rewards`) with the training sampling settings,
         one generation batch at a time: each rank takes its contiguous share of the batch, and the rewards come back
@@ -47,7 +41,7 @@ class GRPOValuePrepassMixin:
         per_rank = self.args.per_device_train_batch_size * self.args.steps_per_generation
         span = per_rank * self.accelerator.num_processes
         plan = prepass_plan(list(first_rows.values()), self.args.value_init_samples, self.num_generations, span)
-        sample_keys, outcomes = [], []
+        sample_keys, rewards = [], []
         saved_metrics = copy.deepcopy(self._metrics)
         was_training = self.model.training
         self.model.train()  # sample as training does (TRL picks the train-mode settings from `model.training`)
@@ -58,25 +52,23 @@ class GRPOValuePrepassMixin:
                 batches, desc="value pre-pass", unit="batch", disable=not self.accelerator.is_main_process
             ):
                 chunk = plan[start : start + span]
-                rewards = self._prepass_rewards(
+                chunk_rewards = self._prepass_rewards(
                     [dataset[row] for row, _ in chunk[rank * per_rank : (rank + 1) * per_rank]]
                 )
-                for (row, counted), reward in zip(chunk, rewards.tolist(), strict=True):
+                for (row, counted), reward in zip(chunk, chunk_rewards.tolist(), strict=True):
                     if counted:
                         sample_keys.append(keys[row])
-                        outcomes.append(reward)
+                        rewards.append(reward)
         finally:
             self.model.train(was_training)
             self._metrics = saved_metrics
             self._pending_extra_logs.clear()
             self._pending_metrics.clear()
-        event = self._value_event if isinstance(self._value_tracker, EventValueTracker) else None
-        init_values_from_samples(self._value_tracker, list(first_rows), sample_keys, outcomes, self.args, event)
-        self._refresh_priorities(full=True)
+        self._values.init_from_prepass(list(first_rows), sample_keys, torch.tensor(rewards, dtype=torch.float64))
 
     def _prepass_rewards(self, inputs: list[dict]) -> torch.Tensor:
-        """One completion per row of `inputs` with TRL's generation; total rewards gathered across ranks, mapped
-        to [0, 1] as the tracker sees them (NaN where every reward function returned None)."""
+        """One completion per row of `inputs` with TRL's generation; total rewards gathered across ranks (NaN where
+        every reward function returned None)."""
         prompts = [row["prompt"] for row in inputs]
         if self.tools:
             # TRL's tool loop reads each rollout's tools from per-rollout dicts that `_generate_and_score_completions`
@@ -95,4 +87,4 @@ class GRPOValuePrepassMixin:
                 elif index < len(values):
                     row[name] = values[index]
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids)
-        return tracker_rewards(total_rewards(rewards_per_func, self.reward_weights), self.args).cpu()
+        return total_rewards(rewards_per_func, self.reward_weights).cpu()

@@ -37,7 +37,7 @@ from trl_aspo.algorithms.shaping import (
     tool_position_bias,
 )
 from trl_aspo.values.event_values import AsyncEventValues
-from trl_aspo.values.single_stream import field_name, init_values_from_file, tracker_rewards
+from trl_aspo.values.single_stream import field_name, tracker_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +206,11 @@ class AdvantageBatch:
     reward_columns: dict[str, torch.Tensor] = field(default_factory=dict)
     in_batch: torch.Tensor | None = None
 
+    @property
+    def counted(self) -> torch.Tensor:
+        """(N,) bool: the samples every statistic is over, the batch's own scorable ones."""
+        return self.scorable if self.in_batch is None else self.scorable & self.in_batch
+
 
 @dataclass
 class ScoredAdvantages:
@@ -223,9 +228,7 @@ class AdvantagePipeline:
         self.shaping_hooks = make_shaping_hooks(args)
 
     def score(self, batch: AdvantageBatch) -> ScoredAdvantages:
-        args = self.args
-        # The samples every statistic is over: scorable, and the batch's own.
-        counted = batch.scorable if batch.in_batch is None else batch.scorable & batch.in_batch
+        args, counted = self.args, batch.counted
         centered = torch.where(counted, batch.centered, torch.zeros_like(batch.centered))
         if args.advantage_normalization == "group":
             advantages = batch.group_advantages
@@ -235,7 +238,7 @@ class AdvantagePipeline:
         unsignaled = torch.where(counted, advantages, torch.zeros_like(advantages))
         metrics: dict[str, float] = {}
         if args.tool_shaping:
-            advantages, shaping_metrics = self.shape(advantages, batch, counted)
+            advantages, shaping_metrics = self.shape(advantages, batch)
             metrics.update(shaping_metrics)
         advantages = torch.where(counted, advantages, torch.zeros_like(advantages))
         check_finite_advantages(advantages, advantage_sources(args, {"reward": batch.rewards, **batch.reward_columns}))
@@ -247,11 +250,9 @@ class AdvantagePipeline:
             )
         return ScoredAdvantages(advantages=advantages, metrics=metrics)
 
-    def shape(
-        self, advantages: torch.Tensor, batch: AdvantageBatch, counted: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    def shape(self, advantages: torch.Tensor, batch: AdvantageBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """Shaped advantages of every row (group means over every row of `batch`, members outside it included) and
-        the shaping metrics over the `counted` rows."""
+        the shaping metrics over its counted rows."""
         if batch.tool_stats is None:
             raise ValueError("tool_shaping needs the position of each completion's first tool call (tool_stats).")
         positions, lengths, calls, turns = batch.tool_stats.unbind(dim=1)
@@ -261,6 +262,7 @@ class AdvantagePipeline:
             texts = batch.texts() if batch.texts is not None else []
             for hook in self.shaping_hooks:
                 bias = bias + hook(texts, positions, lengths, calls, turns, advantages).to(bias)
+        counted = batch.counted
         stats = shaping_stats(bias[counted], eligible[counted.to(eligible.device)])
         return advantages + bias, {f"shaping/{name}": value for name, value in stats.items()}
 
@@ -281,13 +283,14 @@ class StepScorer:
     each group's raw rewards, or the rollout worker's group z-score where `advantage_normalization='group'` keeps
     TRL's own advantage."""
 
-    def __init__(self, args, train_dataset=None) -> None:
+    def __init__(self, args, tracker=None) -> None:
+        """`tracker`: the asynchronous tracker of a tracker estimator (its trainer's value tracking holds it)."""
         self.args = args
         self.estimator = get_advantage_estimator(args.advantage_estimator)
         self.pipeline = AdvantagePipeline(args)
-        self.tracker = self.estimator.make_tracker(args, True) if self.estimator.tracks_values else None
-        if self.tracker is not None and args.value_init_file is not None:
-            init_values_from_file(self.tracker, args, train_dataset)
+        if self.estimator.tracks_values and tracker is None:
+            raise ValueError(f"advantage_estimator={args.advantage_estimator!r}: StepScorer needs its value tracker.")
+        self.tracker = tracker
         # `R - v` of the last batch's conversations, for rows of one forked conversation split across two batches.
         self._previous_conversations: dict[object, float] = {}
 
@@ -366,7 +369,7 @@ class StepScorer:
 
     def score(
         self,
-        keys: list[str],
+        keys: list[str] | None,
         rewards: torch.Tensor,
         versions: list[int],
         token_counts: torch.Tensor,
@@ -383,9 +386,10 @@ class StepScorer:
         """Baseline, then `AdvantagePipeline.score`, of one optimizer step (all tensors (B,), in arrival order);
         returns the advantages of the step's rows.
 
-        `in_step` (B,) bool: False for the rows that are members of the step's groups outside it (a group the step
-        holds only part of, with its members of the previous step or read ahead): they enter the group statistics
-        (the group estimator's baseline, shaping's means), never the tracker, the normalization or a metric.
+        `keys`: the samples' tracker keys (None without a tracker). `in_step` (B,) bool: False for the rows that are
+        members of the step's groups outside it (a group the step holds only part of, with its members of the
+        previous step or read ahead): they enter the group statistics (the group estimator's baseline, shaping's
+        means), never the tracker, the normalization or a metric.
         `tool_stats`: (B, 4) from trl_aspo.algorithms.tool_metrics, needed with `tool_shaping` (or only
         `tool_positions`, the first calls' positions, when no shaping extra reads calls or turns). `conversations`,
         `entry_versions`: see `tracker_baseline`. `correctness_scores`, `texts`: see `AdvantageBatch`.

@@ -172,9 +172,7 @@ def init_values_from_samples(
 
 def tracker_values(tracker: ValueTracker, keys: list[str], event: int) -> torch.Tensor:
     """Values of `keys` at policy event `event` (SPO's tracker has no events: its current values)."""
-    if isinstance(tracker, EventValueTracker | AsyncEventValues):
-        return tracker.value(keys, event)
-    return tracker.value(keys)
+    return tracker.value(keys, event) if tracker.ages_by_event else tracker.value(keys)
 
 
 class PromptRows:

@@ -54,12 +54,12 @@ def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
         "rank": trainer.accelerator.process_index,
         "world": trainer.accelerator.num_processes,
         "rounds": rounds,
-        "tracker": trainer._value_tracker.state_dict() if single else None,
+        "tracker": trainer._values.tracker.state_dict() if single else None,
         "sampler_weights": trainer._priority_sampler.weights.tolist() if single else None,
         "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
         "visit_store": {
             key: {name: tensor.tolist() for name, tensor in visit.items()}
-            for key, visit in trainer._visit_store.items()
+            for key, visit in trainer._values.visit_store.items()
         },
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:

@@ -41,7 +41,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
     tokenizer = calculator_tokenizer()
     dataset = make_dataset("train", 16, seed=0)
     trainer = trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, [digit_share_reward])
-    at_begin = AtTrainBegin(lambda: trainer._scorer.tracker)
+    at_begin = AtTrainBegin(lambda: trainer._values.tracker)
     trainer.add_callback(at_begin)
     report = BeforeAfterReport(trainer, make_dataset("test", 4, seed=1), [digit_share_reward], [calculator])
     trainer.train(resume_from_checkpoint=options.get("resume"))
@@ -53,7 +53,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
         lambda: {
             "at_begin": at_begin.record,
             "report": report.results,
-            "tracker": trainer._scorer.tracker.state_dict(),
+            "tracker": trainer._values.tracker.state_dict(),
             "parameters_sum": full_parameter_sum(trainer.model_wrapped),
         },
     )

@@ -63,7 +63,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
     )
     curve = HeldoutDuringTraining(2, heldout_evaluator(heldout, [calculator], args))
     trainer.add_callback(curve)
-    at_begin = AtTrainBegin(lambda: trainer._value_tracker)
+    at_begin = AtTrainBegin(lambda: trainer._values.tracker)
     trainer.add_callback(at_begin)
     report = BeforeAfterReport(trainer, heldout, [digit_share_reward], [calculator])
     rounds = recording_rounds(trainer)
@@ -78,12 +78,12 @@ def run(out_dir: str, label: str, options: dict) -> None:
             "rounds": rounds,
             "heldout_rows": [row for row in trainer.state.log_history if "heldout/accuracy" in row],
             "report": report.results,
-            "tracker": trainer._value_tracker.state_dict(),
+            "tracker": trainer._values.tracker.state_dict(),
             "sampler_weights": trainer._priority_sampler.weights.tolist(),
             # KL-adaptive rho's stored visits (token ids, action masks, post-update log-probs), gathered per round.
             "visit_store": {
                 key: {name: tensor.tolist() for name, tensor in visit.items()}
-                for key, visit in trainer._visit_store.items()
+                for key, visit in trainer._values.visit_store.items()
             },
             "at_begin": at_begin.record,
             "parameters_sum": full_parameter_sum(trainer.model_wrapped),

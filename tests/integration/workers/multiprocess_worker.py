@@ -59,7 +59,7 @@ def run(out_dir: str, mode: str, label: str, overrides: dict) -> None:
         "parameters_sum": sum(p.double().sum().item() for p in trainer.model.parameters()),
         "visit_store": {
             key: {name: tensor.tolist() for name, tensor in visit.items()}
-            for key, visit in trainer._values.visit_store.items()
+            for key, visit in (trainer._values.visit_store if single else {}).items()
         },
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:

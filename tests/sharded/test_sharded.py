@@ -15,18 +15,28 @@ with `from_pretrained`, and an exact resume from a checkpoint saved under shardi
 rollout worker runs threads whose timing decides which samples fill a step, so its runs are compared with
 themselves (ranks, checkpoint, saved model) and its evaluation with an unsharded evaluation of the saved model.
 
+Those runs are on-policy (ratio 1), where the aspo loss equals TRL's. Two off-policy runs (FSDP2, ZeRO-3: each round
+trained twice, tokens in every clip region) are checked step by step against an SGD update recomputed here from the
+loss's equations on the micro-batches each rank trained.
+
+Each run is watched for progress (`_run_watched`), not timed as a whole: it fails when no rank has made progress
+for QUIET_SECONDS, with every rank's stacks.
+
 Run by `make test-sharded` (about 3.5 minutes on 2 CPU cores); `make test` leaves this folder out."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +59,11 @@ PER_DEVICE = {"single": 8}
 # Synchronous runs besides the SPO++ one: KL-adaptive rho, which needs SPO (per-visit forgetting).
 VARIANTS = {"": {}, "-kl": {"advantage_estimator": "spo", "value_rho_mode": "kl"}}
 
+# A run fails when no rank has shown progress for this long (a completed micro-batch, step, log, checkpoint or stage
+# of the worker, or any output): long enough for one stage of a ZeRO-3 run on a machine loaded 6 times over its cores
+# (docs/many_gpus.md), short enough that a collective some rank never joins fails the test within minutes.
+QUIET_SECONDS = 240
+
 pytestmark = pytest.mark.slow
 
 
@@ -66,10 +81,24 @@ def _require_deepspeed(launch: str) -> None:
         pytest.skip("DeepSpeed is not installed (`pip install -e .[deepspeed]`, or `make test-sharded`)")
 
 
+@functools.cache
+def _build_deepspeed_op() -> None:
+    """Build DeepSpeed's CPU communication op (`deepspeed_shm_comm`) once, before the first ZeRO run: a new install
+    compiles it in the run's first collective setup, which took 58 s on a quiet machine and 235 s at load average
+    13 on 2 cores, without a line of output, longer than a run may stay silent (QUIET_SECONDS). The ranks then load
+    it from the same `TORCH_EXTENSIONS_DIR`."""
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
 def _launch(worker: str, out_dir: Path, label: str, launch: str, options: dict) -> list[dict]:
     """Run `workers/<worker>` as `launch` (a key of LAUNCHES); the per-rank records it writes."""
     config, shard, _ = LAUNCHES[launch]
     _require_deepspeed(launch)
+    if launch.startswith("zero"):
+        _build_deepspeed_op()
     script = [str(WORKERS / worker), str(out_dir), label, json.dumps(options)]
     if config is None:
         command, processes = [sys.executable, *script], 1
@@ -87,12 +116,64 @@ def _launch(worker: str, out_dir: Path, label: str, launch: str, options: dict) 
         "PYTHONPATH": python_path,
         "DS_ACCELERATOR": "cpu",
         "TRL_ASPO_CPU_SHARDING": "1" if shard else "0",
-        # A collective some rank never joins dumps every stack and ends the run before the test's timeout.
-        "SHARDED_HANG_SECONDS": "240",
     }
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    _run_watched(command, env, out_dir, label, processes)
     return [json.loads((out_dir / f"{label}-rank{rank}.json").read_text()) for rank in range(processes)]
+
+
+def _run_watched(command: list[str], env: dict, out_dir: Path, label: str, processes: int) -> None:
+    """Run `command` until it ends, or until neither its output nor any rank's progress file
+    (`workers/progress.py`) has changed for QUIET_SECONDS: then every rank is asked for its stacks (SIGUSR1, into
+    `LABEL-rank<k>.stacks`, all at the same moment) and the run is killed. A failure shows each rank's last
+    progress and stacks in full, then the ends of the output."""
+    stdout_path, stderr_path = out_dir / f"{label}.stdout", out_dir / f"{label}.stderr"
+    progress = [out_dir / f"{label}-rank{rank}.progress" for rank in range(processes)]
+    stacks = [out_dir / f"{label}-rank{rank}.stacks" for rank in range(processes)]
+    started = time.time()
+    with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
+        # Its own session, so that the launcher and every rank can be killed together.
+        process = subprocess.Popen(
+            command, stdout=stdout, stderr=stderr, env=env, cwd=REPO_ROOT, start_new_session=True
+        )
+        stalled = None
+        while process.poll() is None:
+            time.sleep(1.0)
+            signs = [path.stat().st_mtime for path in [stdout_path, stderr_path, *progress] if path.exists()]
+            quiet = time.time() - max([started, *signs])
+            if quiet > QUIET_SECONDS:
+                stalled = f"no progress on any rank for {quiet:.0f} s (after {time.time() - started:.0f} s)"
+                for path in progress:
+                    # A rank that has already ended has nothing to tell.
+                    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                        os.kill(int(path.read_text().split()[0]), signal.SIGUSR1)
+                # Written by faulthandler's signal handler, in C, even while the rank blocks in a collective.
+                deadline = time.time() + 5.0
+                while time.time() < deadline and not all(path.exists() and path.stat().st_size for path in stacks):
+                    time.sleep(0.2)
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    if stalled is None and process.returncode == 0:
+        return
+    report = [stalled or f"exit status {process.returncode}"]
+    for rank, (progress_path, stacks_path) in enumerate(zip(progress, stacks, strict=True)):
+        lines = progress_path.read_text().splitlines()[1:] if progress_path.exists() else []
+        report.append(f"--- rank {rank}: last progress {lines[-5:]}")
+        if stacks_path.exists() and stacks_path.stat().st_size:
+            report.append(f"--- rank {rank} stacks:\n{stacks_path.read_text()}")
+    report.append(f"--- stdout (end):\n{stdout_path.read_text()[-3000:]}")
+    report.append(f"--- stderr (end):\n{stderr_path.read_text()[-6000:]}")
+    pytest.fail("\n".join(report), pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """This process's own model work (loads, the unsharded evaluation, the recomputed updates) on one intra-op
+    thread, as the ranks (`OMP_NUM_THREADS=1`): at load average 9 on 2 cores, a forward and backward of the tiny
+    model on a micro-batch took 2.8 s with torch's default 2 threads and 0.11 s with 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +389,8 @@ def test_the_train_command_shards_on_cpu_processes(tmp_path, launch):
     model loads unsharded."""
     config, _, distributed_type = LAUNCHES[launch]
     _require_deepspeed(launch)
+    if launch.startswith("zero"):
+        _build_deepspeed_op()
     output_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "trl_aspo.cli.main", "train", "--accelerate_config", str(CONFIGS / config),
@@ -316,9 +399,180 @@ def test_the_train_command_shards_on_cpu_processes(tmp_path, launch):
         "--evaluate_before_after", "true",
     ]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO_ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    assert f"Sharded on 2 CPU processes: {distributed_type}" in result.stdout + result.stderr
+    # The command's ranks keep no progress files: its output is the only sign of progress the watchdog reads.
+    _run_watched(command, env, tmp_path, "train", processes=0)
+    output = (tmp_path / "train.stdout").read_text() + (tmp_path / "train.stderr").read_text()
+    assert f"Sharded on 2 CPU processes: {distributed_type}" in output
     assert math.isfinite(_saved_parameter_sum(output_dir))
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["before"]["num_problems"] == summary["after"]["num_problems"] == 8  # the smoke config's test split
+
+
+# The off-policy runs: each round (2 prompts per micro-batch x 2 micro-batches x 2 ranks) is trained twice
+# (num_iterations=2), so steps 2 and 4 train on completions of the policy before steps 1 and 3. Plain SGD at a large
+# rate moves the log-probs far in one step, and small clip offsets and dual-clip constant put tokens of the second
+# passes in every clip region; no gradient clipping, constant rate, no KL term.
+OFF_POLICY = dict(
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=2,
+    steps_per_generation=2,
+    num_iterations=2,
+    max_steps=4,
+    save_strategy="no",
+    optim="sgd",
+    lr_scheduler_type="constant",
+    learning_rate=2.0,
+    max_grad_norm=0.0,
+    beta=0.0,
+    epsilon=0.01,
+    epsilon_high=0.01,
+    aspo_dual_clip_pos=1.03,
+    aspo_dual_clip_neg=1.005,
+)
+# The aspo loss's regions (docs/asymmetric_loss.md) and the `aspo/*_frac` metric that counts each ("flipped" counts
+# every positive-advantage token; the standard-PPO region of negative tokens has no metric).
+REGION_METRICS = {
+    "flipped": "aspo/flipped_frac",
+    "hard_clip_pos": "aspo/hard_clip_pos_frac",
+    "dual_clip_pos": "aspo/dual_clip_pos_frac",
+    "ppo_neg": None,
+    "hard_clip_neg": "aspo/hard_clip_neg_frac",
+    "dual_clip_neg": "aspo/dual_clip_neg_frac",
+}
+
+
+def _completion_logps(model, batch: dict) -> torch.Tensor:
+    """(B, T) log-probs of the completion tokens under `model` from one plain forward of prompt and completion
+    (temperature 1: the run's default; top_k shapes only the sampling)."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    length = batch["completion_ids"].size(1)
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1 : -1]
+    return logits.log_softmax(-1).gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+
+
+def _aspo_weights(ratio, advantages, fields: dict, flip: bool = True):
+    """The table of docs/asymmetric_loss.md read off directly: each token's region and its weight w in
+    d loss / d lp = -A * w (flipped 1/r, hard-clipped 0, dual-clipped C, negative r), with the offsets and the
+    dual-clip constants of `fields` (one for each sign). `flip=False` gives the flipped region PPO's weight r
+    instead: the loss without its asymmetry, which the test must tell apart."""
+    eps_low, eps_high = fields["epsilon"], fields["epsilon_high"]
+    dual_pos, dual_neg = fields["aspo_dual_clip_pos"], fields["aspo_dual_clip_neg"]
+    a = (advantages if advantages.dim() == 2 else advantages.unsqueeze(1)).expand_as(ratio)
+    pos, neg = a > 0, a < 0
+    regions = {
+        "flipped": pos & (ratio >= 1 / dual_pos) & (ratio <= 1 + eps_high),
+        "hard_clip_pos": pos & (ratio > 1 + eps_high),
+        "dual_clip_pos": pos & (ratio < 1 / dual_pos),
+        "ppo_neg": neg & (ratio >= 1 - eps_low) & (ratio <= dual_neg),
+        "hard_clip_neg": neg & (ratio < 1 - eps_low),
+        "dual_clip_neg": neg & (ratio > dual_neg),
+    }
+    zero = torch.zeros_like(ratio)
+    weight = (
+        torch.where(regions["flipped"], 1 / ratio if flip else ratio, zero)
+        + torch.where(regions["dual_clip_pos"], dual_pos, zero)
+        + torch.where(regions["dual_clip_neg"], dual_neg, zero)
+        + torch.where(regions["ppo_neg"], ratio, zero)
+    )
+    return a, weight, regions
+
+
+def _reference_step(model, parameters: dict, rank_batches: list[list[dict]], fields: dict, flip: bool = True):
+    """One optimizer step recomputed from `parameters` on the micro-batches each rank trained: per rank, the token
+    gradient -A * w / normalizer pushed through the log-probs of each micro-batch and summed (gradient
+    accumulation), with TRL's dapo normalizer (the generation batch's action tokens `num_items_in_batch`, gathered
+    over ranks, per rank and per accumulation window); the ranks' gradients averaged (data parallel); one plain SGD
+    step. Returns the expected update (name -> tensor) and the action tokens of each region (with |log r|)."""
+    world = len(rank_batches)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.copy_(parameters[name])
+    model.zero_grad()
+    found = {name: [] for name in REGION_METRICS}
+    for batches in rank_batches:
+        for batch in batches:
+            logps = _completion_logps(model, batch)
+            mask = batch["completion_mask"] * batch.get("tool_mask", 1)
+            ratio = torch.exp((logps.detach() - batch["old_per_token_logps"]).clamp(-20, 20))
+            advantages, weight, regions = _aspo_weights(ratio, batch["advantages"], fields, flip)
+            normalizer = (
+                batch["num_items_in_batch"]
+                / world
+                * fields["gradient_accumulation_steps"]
+                / fields["steps_per_generation"]
+            )
+            logps.backward(-advantages * weight * mask / normalizer)
+            for name, region in regions.items():
+                found[name].append(ratio[region & mask.bool()].log().abs())
+    update = {name: -fields["learning_rate"] * parameter.grad / world for name, parameter in model.named_parameters()}
+    return update, {name: torch.cat(values) for name, values in found.items()}
+
+
+def test_the_watchdog_fails_a_stalled_run_with_every_rank_stacks(tmp_path, monkeypatch):
+    """A run whose ranks stop making progress is killed once it has been quiet for QUIET_SECONDS (3 s here), and
+    the failure shows each rank's last progress and its stacks, both naming where the rank waits."""
+    monkeypatch.setattr(sys.modules[__name__], "QUIET_SECONDS", 3)
+    env = {**os.environ, "PYTHONPATH": str(WORKERS)}
+    command = [sys.executable, str(WORKERS / "stalling_launcher.py"), str(tmp_path), "stall"]
+    started = time.time()
+    with pytest.raises(pytest.fail.Exception) as failure:
+        _run_watched(command, env, tmp_path, "stall", processes=2)
+    assert time.time() - started < 60
+    message = str(failure.value)
+    assert message.startswith("no progress on any rank for")
+    for rank in (0, 1):
+        assert f"--- rank {rank}: last progress ['0.0 started', " in message
+        stacks = message.split(f"--- rank {rank} stacks:")[1].split("--- ")[0]
+        assert "waits_in_a_collective_never_joined" in stacks
+
+
+def _relative_error(observed: dict, expected: dict) -> float:
+    """|observed - expected| / |expected| over every parameter (the updates of one step, name -> tensor)."""
+    difference = torch.cat([(observed[name] - expected[name]).flatten() for name in expected])
+    return (difference.norm() / torch.cat([tensor.flatten() for tensor in expected.values()]).norm()).item()
+
+
+@pytest.mark.parametrize("launch", ["fsdp2", "zero3"])
+def test_offpolicy_aspo_steps_under_sharding_are_the_equations_update(out_dir, launch):
+    """Off-policy aspo under FSDP2 and ZeRO-3: after every optimizer step the gathered parameters are the previous
+    ones plus an SGD step recomputed here on the micro-batches each rank trained, with the gradient written from the
+    table of docs/asymmetric_loss.md (not the project's loss), within 1e-3 of the update's norm (float32 rounding
+    left 2e-5 to 5.5e-5). The second passes hold tokens in every region (the logged `aspo/*_frac` too), and the
+    check can see the flip: with PPO's weight r in the flipped region instead of 1/r the same comparison is off by
+    more than 3e-3 (3.9e-3 here); a loss scaled by 0.5 would be off by 0.5."""
+    from helpers import MODEL
+    from transformers import AutoModelForCausalLM
+
+    label = f"offpolicy-{launch}"
+    ranks = _launch("offpolicy_worker.py", out_dir, label, launch, {"overrides": OFF_POLICY})
+    assert [rank["distributed_type"] for rank in ranks] == [LAUNCHES[launch][2]] * 2
+    snapshots = torch.load(out_dir / f"{label}-parameters.pt")
+    batches = [torch.load(out_dir / f"{label}-rank{rank}-batches.pt") for rank in range(2)]
+    assert len(snapshots) == OFF_POLICY["max_steps"] + 1
+    model = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32)
+    second_passes = {name: [] for name in REGION_METRICS}
+    unflipped_errors = []
+    for step in range(OFF_POLICY["max_steps"]):
+        trained = [[batch for batch in rank if batch["step"] == step] for rank in batches]
+        assert [len(rank) for rank in trained] == [OFF_POLICY["gradient_accumulation_steps"]] * 2
+        observed = {name: snapshots[step + 1][name] - snapshots[step][name] for name in snapshots[0]}
+        update, regions = _reference_step(model, snapshots[step], trained, OFF_POLICY)
+        assert _relative_error(observed, update) < 1e-3, f"step {step + 1}"
+        unflipped, _ = _reference_step(model, snapshots[step], trained, OFF_POLICY, flip=False)
+        unflipped_errors.append(_relative_error(observed, unflipped))
+        if step % OFF_POLICY["num_iterations"] == 0:
+            # A round's first pass: the policy that generated it, so every ratio is 1 and the flipped weight too.
+            assert all(tokens.max() < 1e-4 for tokens in regions.values() if len(tokens))
+        else:
+            for name, tokens in regions.items():
+                second_passes[name].append(tokens)
+    for name, metric in REGION_METRICS.items():
+        tokens = torch.cat(second_passes[name])
+        assert len(tokens) > 0, f"no token in the region {name}"
+        if metric is not None:
+            assert max(row.get(metric, 0.0) for row in ranks[0]["log_history"]) > 0, metric
+    # The flipped tokens moved (their weight 1/r is not PPO's r), and some moved far past every clip boundary.
+    assert torch.cat(second_passes["flipped"]).max() > 1e-3
+    assert torch.cat(second_passes["hard_clip_pos"]).max() > 1.0
+    assert max(unflipped_errors) > 3e-3

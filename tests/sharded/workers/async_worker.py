@@ -13,25 +13,28 @@ end, the tracker state when training begins, and the held-out evaluation after t
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import pathlib
 import sys
 
-# A hang (a collective some rank never joins) prints every thread's stack and ends the process.
-faulthandler.dump_traceback_later(int(os.environ.get("SHARDED_HANG_SECONDS", "240")), exit=True)
+from progress import Progress
+
+# Started first: the test's watchdog reads this rank's progress and asks it for its stacks when the run stalls.
+PROGRESS = Progress(sys.argv[1], sys.argv[2])
 if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
     from trl_aspo.infra.cpu_sharding import enable_cpu_sharding
 
     enable_cpu_sharding()
 
 from helpers import async_fields, calculator_tokenizer, digit_share_reward, trainer_with_local_worker  # noqa: E402
-from sharded_common import RUN_FIELDS, AtTrainBegin, finish_run, full_parameter_sum  # noqa: E402
+from sharded_common import RUN_FIELDS, AtTrainBegin, ProgressMarks, finish_run, full_parameter_sum  # noqa: E402
 
 from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer  # noqa: E402
 from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
 from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
+
+PROGRESS.mark("imported")
 
 
 def run(out_dir: str, label: str, options: dict) -> None:
@@ -41,11 +44,14 @@ def run(out_dir: str, label: str, options: dict) -> None:
     tokenizer = calculator_tokenizer()
     dataset = make_dataset("train", 16, seed=0)
     trainer = trainer_with_local_worker(AsyncASPOTrainer, args, tokenizer, dataset, [digit_share_reward])
+    PROGRESS.mark("trainer built")
+    trainer.add_callback(ProgressMarks(PROGRESS))
     at_begin = AtTrainBegin(lambda: trainer._values.tracker)
     trainer.add_callback(at_begin)
     report = BeforeAfterReport(trainer, make_dataset("test", 4, seed=1), [digit_share_reward], [calculator])
     trainer.train(resume_from_checkpoint=options.get("resume"))
     report.measure("after")
+    PROGRESS.mark("evaluated after")
     finish_run(
         trainer,
         out_dir,
@@ -56,6 +62,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
             "tracker": trainer._values.tracker.state_dict(),
             "parameters_sum": full_parameter_sum(trainer.model_wrapped),
         },
+        PROGRESS,
     )
 
 

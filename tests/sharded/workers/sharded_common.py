@@ -1,6 +1,7 @@
-"""What the sharded-tier workers share: the run's method fields, parameter sums gathered from shards, the held-out
-evaluator of `HeldoutDuringTraining`, a record of the trainer's state when training begins, and the end of a run
-(the final model saved, the rank's record written, the process group left)."""
+"""What the sharded-tier workers share: the run's method fields, full parameters gathered from shards, the held-out
+evaluator of `HeldoutDuringTraining`, a record of the trainer's state when training begins, the trainer's events as
+progress for the test's watchdog, and the end of a run (the final model saved, the rank's record written, the
+process group left)."""
 
 from __future__ import annotations
 
@@ -26,23 +27,27 @@ RUN_FIELDS = dict(
 )
 
 
-def full_parameter_sum(model) -> float:
-    """Sum of every full parameter (float64), the same number on every rank: FSDP2's DTensor shards are gathered
-    with `full_tensor()`, DeepSpeed ZeRO-3's partitions with `GatheredParameters`; a collective under sharding, so
-    every rank must call it."""
+def full_parameters(model) -> dict:
+    """Every full parameter by its name in the unwrapped model (a copy on CPU), the same on every rank: FSDP2's
+    DTensor shards are gathered with `full_tensor()`, DeepSpeed ZeRO-3's partitions with `GatheredParameters`; a
+    collective under sharding, so every rank must call it."""
     from torch.distributed.tensor import DTensor
 
-    parameters = list(model.parameters())
-    if any(hasattr(parameter, "ds_id") for parameter in parameters):
+    named = [(name.removeprefix("module."), parameter) for name, parameter in model.named_parameters()]
+    if any(hasattr(parameter, "ds_id") for _, parameter in named):
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(parameters):
-            return sum(parameter.detach().double().sum().item() for parameter in parameters)
-    total = 0.0
-    for parameter in parameters:
-        tensor = parameter.full_tensor() if isinstance(parameter, DTensor) else parameter
-        total += tensor.detach().double().sum().item()
-    return total
+        with deepspeed.zero.GatheredParameters([parameter for _, parameter in named]):
+            return {name: parameter.detach().cpu().clone() for name, parameter in named}
+    return {
+        name: (parameter.full_tensor() if isinstance(parameter, DTensor) else parameter).detach().cpu().clone()
+        for name, parameter in named
+    }
+
+
+def full_parameter_sum(model) -> float:
+    """Sum of every full parameter (float64), the same number on every rank; a collective under sharding."""
+    return sum(tensor.double().sum().item() for tensor in full_parameters(model).values())
 
 
 def heldout_evaluator(dataset, tools, args):
@@ -86,11 +91,41 @@ class AtTrainBegin(TrainerCallback):
         }
 
 
-def finish_run(trainer, out_dir: str, label: str, entries) -> None:
-    """Save the final model to `OUT/LABEL/final`, then write this rank's record to `OUT/LABEL-rank<k>.json`: its
-    rank, the world size, the distributed type, the logged losses and the run's own `entries()`, called on every rank
-    after the save (they may hold collectives, such as `full_parameter_sum`); then leave the process group."""
-    trainer.save_model(f"{out_dir}/{label}/final")
+class ProgressMarks(TrainerCallback):
+    """Marks each trainer event that ends a stretch of work (a micro-batch, an optimizer step, a log, a checkpoint)
+    as progress (`progress.Progress`): the test's watchdog then measures the time since the last one, not the run's
+    total, so a slow machine passes and a hang is still caught."""
+
+    def __init__(self, progress):
+        self.progress = progress
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.progress.mark("train begin")
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.progress.mark(f"micro-batch of step {state.global_step + 1}")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.progress.mark(f"step {state.global_step}")
+
+    def on_log(self, args, state, control, **kwargs):
+        self.progress.mark(f"log at step {state.global_step}")
+
+    def on_save(self, args, state, control, **kwargs):
+        self.progress.mark(f"checkpoint {state.global_step}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.progress.mark("train end")
+
+
+def finish_run(trainer, out_dir: str, label: str, entries, progress, save_model: bool = True) -> None:
+    """Save the final model to `OUT/LABEL/final` (unless `save_model` is false), then write this rank's record to
+    `OUT/LABEL-rank<k>.json`: its rank, the world size, the distributed type, the logged losses and the run's own
+    `entries()`, called on every rank after the save (they may hold collectives, such as `full_parameter_sum`); then
+    leave the process group. Each stage is marked on `progress`."""
+    if save_model:
+        trainer.save_model(f"{out_dir}/{label}/final")
+        progress.mark("final model saved")
     accelerator = trainer.accelerator
     accelerator.wait_for_everyone()
     record = {
@@ -102,6 +137,7 @@ def finish_run(trainer, out_dir: str, label: str, entries) -> None:
     }
     with open(f"{out_dir}/{label}-rank{record['rank']}.json", "w") as handle:
         json.dump(record, handle)
+    progress.mark("record written")
     accelerator.wait_for_everyone()
     # Leave the process group before exiting: gloo's threads torn down at interpreter exit can abort the process.
     accelerator.end_training()

@@ -16,25 +16,35 @@ collective the other ranks never join)."""
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import sys
 
-# A hang (a collective some rank never joins) prints every thread's stack and ends the process.
-faulthandler.dump_traceback_later(int(os.environ.get("SHARDED_HANG_SECONDS", "240")), exit=True)
+from progress import Progress
+
+# Started first: the test's watchdog reads this rank's progress and asks it for its stacks when the run stalls.
+PROGRESS = Progress(sys.argv[1], sys.argv[2])
 if os.environ.get("TRL_ASPO_CPU_SHARDING") == "1":
     from trl_aspo.infra.cpu_sharding import enable_cpu_sharding
 
     enable_cpu_sharding()
 
 from helpers import MODEL, calculator_tokenizer, digit_share_reward, recording_rounds, tiny_run_fields  # noqa: E402
-from sharded_common import RUN_FIELDS, AtTrainBegin, finish_run, full_parameter_sum, heldout_evaluator  # noqa: E402
+from sharded_common import (  # noqa: E402
+    RUN_FIELDS,
+    AtTrainBegin,
+    ProgressMarks,
+    finish_run,
+    full_parameter_sum,
+    heldout_evaluator,
+)
 
 from trl_aspo import ASPOConfig, ASPOTrainer  # noqa: E402
 from trl_aspo.builtin.task import calculator, make_dataset  # noqa: E402
 from trl_aspo.cli.callbacks import HeldoutDuringTraining  # noqa: E402
 from trl_aspo.evaluation.report import BeforeAfterReport  # noqa: E402
+
+PROGRESS.mark("imported")
 
 
 def run(out_dir: str, label: str, options: dict) -> None:
@@ -61,6 +71,8 @@ def run(out_dir: str, label: str, options: dict) -> None:
         processing_class=calculator_tokenizer(),
         tools=[calculator],
     )
+    PROGRESS.mark("trainer built")
+    trainer.add_callback(ProgressMarks(PROGRESS))
     curve = HeldoutDuringTraining(2, heldout_evaluator(heldout, [calculator], args))
     trainer.add_callback(curve)
     at_begin = AtTrainBegin(lambda: trainer._values.tracker)
@@ -68,8 +80,10 @@ def run(out_dir: str, label: str, options: dict) -> None:
     report = BeforeAfterReport(trainer, heldout, [digit_share_reward], [calculator])
     rounds = recording_rounds(trainer)
     report.measure_before()
+    PROGRESS.mark("evaluated before")
     trainer.train(resume_from_checkpoint=options.get("resume"))
     report.measure("after")
+    PROGRESS.mark("evaluated after")
     finish_run(
         trainer,
         out_dir,
@@ -88,6 +102,7 @@ def run(out_dir: str, label: str, options: dict) -> None:
             "at_begin": at_begin.record,
             "parameters_sum": full_parameter_sum(trainer.model_wrapped),
         },
+        PROGRESS,
     )
 
 

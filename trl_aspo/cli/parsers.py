@@ -93,11 +93,32 @@ class ASPOScriptArguments(ScriptArguments):
         },
     )
 
+    reward_timeout_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "trainer='sync' only: the most seconds one call of a reward function may take; a call past it "
+            "stops the run with an error naming the function (a synchronous function's call is abandoned, not "
+            "stopped: it runs on in a background thread until the process exits). None = no limit, as in TRL, "
+            "where a call that never returns holds the run forever."
+        },
+    )
+
     def __post_init__(self):
         check_choice("trainer", self.trainer, TRAINERS)
         check_choice("rollout_worker", self.rollout_worker, ROLLOUT_WORKERS)
         if not self.rollout_jitter_s >= 0:
             raise ValueError(f"rollout_jitter_s={self.rollout_jitter_s}: a delay in seconds, so it must be >= 0.")
+        if self.reward_timeout_s is not None and not (0 < self.reward_timeout_s < float("inf")):
+            raise ValueError(
+                f"reward_timeout_s={self.reward_timeout_s}: seconds a reward call may take, so a finite number > 0 "
+                "(or none for no limit)."
+            )
+        if self.trainer == "async" and self.reward_timeout_s is not None:
+            raise ValueError(
+                f"reward_timeout_s={self.reward_timeout_s} is a setting of the synchronous trainer, which calls the "
+                "reward functions in its training loop; trainer='async' scores in its rollout worker. Remove it, or "
+                "set trainer: sync."
+            )
         if self.trainer == "sync":
             for name, default in (("rollout_worker", "auto"), ("rollout_jitter_s", 0.0)):
                 if getattr(self, name) != default:

@@ -232,6 +232,10 @@ def run(
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
     reward_funcs, tools = functions if functions is not None else resolve_functions(script_args)
+    if script_args.reward_timeout_s is not None:
+        from trl_aspo.trainers.reward_checks import reward_with_timeout
+
+        reward_funcs = [reward_with_timeout(func, script_args.reward_timeout_s) for func in reward_funcs]
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 

@@ -34,6 +34,7 @@ from trl_aspo.trainers.grpo_loss import DRAW_PREFIX, GRPOLossMixin, action_mask
 from trl_aspo.trainers.grpo_prepass import GRPOValuePrepassMixin
 from trl_aspo.trainers.project_state import restore_project_state, save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
+from trl_aspo.trainers.reward_checks import checked_reward_calls
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.prompt_ids import prompt_keys
@@ -157,7 +158,8 @@ class ASPOTrainer(
 
     # ---------------------------------------------------------------- advantages
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with checked_reward_calls(self):  # a return value TRL's torch.tensor would refuse, named
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._gathered_rewards_per_func = unscorable_if_infinite_rewards(
             rewards_per_func, self.reward_weights, self.reward_func_names
         )

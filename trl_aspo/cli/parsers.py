@@ -93,6 +93,14 @@ class ASPOScriptArguments(ScriptArguments):
         },
     )
 
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "torch's CPU threads in each training process (torch.set_num_threads). None = torch's default, "
+            "one per core. What threads and OMP_WAIT_POLICY (PASSIVE unless the environment sets it) did on a CPU "
+            "that other jobs share: README, Training on a shared CPU."
+        },
+    )
     reward_timeout_s: float | None = field(
         default=None,
         metadata={
@@ -108,6 +116,8 @@ class ASPOScriptArguments(ScriptArguments):
         check_choice("rollout_worker", self.rollout_worker, ROLLOUT_WORKERS)
         if not self.rollout_jitter_s >= 0:
             raise ValueError(f"rollout_jitter_s={self.rollout_jitter_s}: a delay in seconds, so it must be >= 0.")
+        if self.threads is not None and not self.threads >= 1:
+            raise ValueError(f"threads={self.threads}: torch CPU threads per process, so an integer >= 1 (or none).")
         if self.reward_timeout_s is not None and not (0 < self.reward_timeout_s < float("inf")):
             raise ValueError(
                 f"reward_timeout_s={self.reward_timeout_s}: seconds a reward call may take, so a finite number > 0 "

@@ -231,6 +231,10 @@ def run(
 
     if not model_args.model_name_or_path:
         raise ValueError("Set `model_name_or_path`: a local model directory, a hub id, or 'builtin:tiny-calculator'.")
+    if script_args.threads is not None:
+        import torch
+
+        torch.set_num_threads(script_args.threads)
     reward_funcs, tools = functions if functions is not None else resolve_functions(script_args)
     if script_args.reward_timeout_s is not None:
         from trl_aspo.trainers.reward_checks import reward_with_timeout

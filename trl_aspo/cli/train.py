@@ -414,6 +414,11 @@ def build_async_trainer(script_args, training_args, model_args, reward_funcs, to
     worker_kind = resolve_rollout_worker(script_args, training_args)
     if worker_kind == "local" and training_args.world_size > 1:
         raise ValueError(_local_worker_processes_message(training_args.world_size))
+    if worker_kind == "trl" and script_args.rollout_processed_logprobs:
+        raise ValueError(
+            "rollout_processed_logprobs=True needs rollout_worker: local; TRL's worker reports what its vLLM server "
+            "reports (processed log-probs under trl vllm-serve)."
+        )
     if worker_kind == "trl" and script_args.rollout_jitter_s:
         raise ValueError(
             f"rollout_jitter_s={script_args.rollout_jitter_s} needs rollout_worker: local; TRL's worker is timed by "
@@ -439,6 +444,7 @@ def build_async_trainer(script_args, training_args, model_args, reward_funcs, to
             training_args,
             tools=tools or None,
             jitter_s=script_args.rollout_jitter_s,
+            processed_logprobs=script_args.rollout_processed_logprobs,
             seed=training_args.seed,
         )
         worker_kwargs = {"rollout_worker": worker, "weight_transfer": LocalWeightTransfer(worker)}

@@ -224,15 +224,21 @@ def add(a, b):
 
 def test_a_reply_that_would_expand_in_the_judge_is_refused_before_it_is_parsed():
     """A 60 MB reply of 20M empty lists took the judge (outside the run's cgroup) to 1.1-1.3 GiB in json.loads.
-    The largest process of the run (judge or worker) stays far below that."""
+    The largest process of the run (judge or worker) stays far below that.
+
+    A child's ru_maxrss starts at its parent's high-water mark (Linux records the old memory's at exec, vfork and
+    posix_spawn included), so the script must stay small: the code reward loads no torch (a script that did was
+    already at 418-513 MiB before any judge ran)."""
     script = (
-        "import resource, warnings\nwarnings.simplefilter('ignore')\n"
-        "from trl_aspo.evaluation.rewards import code_unit_test_reward\n"
+        "import resource, sys, warnings\nwarnings.simplefilter('ignore')\n"
+        "from trl_aspo.evaluation import code_unit_test_reward\n"
+        "assert 'torch' not in sys.modules\n"
         f"source = {_FLOOD!r}\n"
         "print(code_unit_test_reward(['```python\\n' + source + '```'], [['assert add(2, 3) == 5']], timeout=60.0))\n"
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
     rewards_, peak_kib = result.stdout.split("\n")[:2]
     assert rewards_ == "[0.0]"
     assert int(peak_kib) < 450 * 1024, f"a process of the run reached {int(peak_kib) >> 10} MiB"

@@ -1,7 +1,8 @@
 """`trainer.train(resume_from_checkpoint=...)` through the Python API, for both trainers, follows the CLI's rule for
 checkpoints a kill left half written: `True` passes over a newest checkpoint without `trainer_state.json` or with a
 cut-short one (and logs which), an explicit path to such a checkpoint is refused naming the file, and an
-asynchronous checkpoint whose `rollout_state.json` was deleted is refused instead of restarting the prompt stream.
+asynchronous checkpoint whose `rollout_state.json` was deleted is refused instead of restarting the prompt stream,
+and a checkpoint already at `max_steps` is refused where transformers' loop would train one step past it.
 
 One real one-step run of each trainer, saved as checkpoint-1, is shared; each test adds a damaged checkpoint beside
 it (or damages a copy) and resumes: the synchronous trainer that ran, a fresh asynchronous one (its local worker
@@ -77,10 +78,20 @@ def damaged_copy(output_dir, step: int, damage: str):
     return target
 
 
+def with_max_steps(make_trainer, max_steps: int):
+    def make():
+        trainer = make_trainer()
+        trainer.args.max_steps = max_steps
+        return trainer
+
+    return make
+
+
 @pytest.fixture(params=["sync", "async"])
 def run(request):
+    """(a function building the trainer with max_steps=2, so that it resumes checkpoint-1 for one step, output_dir)."""
     make_trainer, output_dir = request.getfixturevalue(f"{request.param}_run")
-    yield make_trainer, output_dir
+    yield with_max_steps(make_trainer, 2), output_dir
     # The damaged checkpoint, or the one a resumed step saved in its place.
     for path in output_dir.glob("checkpoint-*"):
         if path.name != "checkpoint-1":
@@ -120,7 +131,7 @@ def test_an_asynchronous_checkpoint_without_rollout_state_is_refused(async_run, 
     copy = tmp_path / "checkpoint-1"
     shutil.copytree(output_dir / "checkpoint-1", copy)
     (copy / "rollout_state.json").unlink()
-    trainer = make_trainer()
+    trainer = with_max_steps(make_trainer, 2)()
     with pytest.raises(ValueError) as error:
         trainer.train(resume_from_checkpoint=str(copy))
     path = copy / "rollout_state.json"
@@ -134,3 +145,21 @@ def test_an_asynchronous_checkpoint_without_rollout_state_is_refused(async_run, 
     # The way out the message gives resumes.
     path.write_text('{"prompt_index": 0, "model_version": 0}')
     trainer.train(resume_from_checkpoint=str(copy))
+
+
+@pytest.mark.parametrize("trainer_kind", ["sync", "async"])
+def test_a_checkpoint_already_at_max_steps_is_refused(trainer_kind, request):
+    """Before: the run resumed from checkpoint-1 with max_steps=1 trained step 2 and saved checkpoint-2."""
+    make_trainer, output_dir = request.getfixturevalue(f"{trainer_kind}_run")
+    for path in output_dir.glob("checkpoint-*"):
+        if path.name != "checkpoint-1":
+            shutil.rmtree(path)
+    trainer = with_max_steps(make_trainer, 1)()
+    with pytest.raises(ValueError) as error:
+        trainer.train(resume_from_checkpoint=True)
+    assert str(error.value) == (
+        f"resume_from_checkpoint=True: {output_dir / 'checkpoint-1'} is at step 1, and max_steps=1: that run is "
+        "finished (transformers' Trainer would train one step past max_steps). Raise max_steps to train on from it, "
+        "or start afresh without resume_from_checkpoint."
+    )
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-1"]

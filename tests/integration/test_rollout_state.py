@@ -63,8 +63,10 @@ def test_the_checkpoint_writes_rollout_state_atomically(trained):
 
 def resume_with(trained, tmp_path, name, write) -> str:
     """Resume the shared trainer from a copy of checkpoint-1 whose file `name` is rewritten by `write(path)`;
-    returns the ValueError's message (the test fails if the resume does not raise one)."""
+    returns the ValueError's message (the test fails if the resume does not raise one). The run resumes for a second
+    step: a checkpoint already at max_steps is refused before its files are read."""
     trainer, checkpoint, _ = trained
+    trainer.args.max_steps = 2
     copy = tmp_path / "checkpoint-1"
     shutil.copytree(checkpoint, copy)
     path = copy / name

@@ -29,6 +29,22 @@ def test_resume_from_checkpoint_true_is_the_latest_checkpoint(tmp_path):
     assert resolve_resume_checkpoint("some/checkpoint-3", str(tmp_path)) == "some/checkpoint-3"
 
 
+def test_a_checkpoint_at_max_steps_is_refused_and_one_below_it_or_without_a_limit_resumes(tmp_path):
+    checkpoint = tmp_path / "checkpoint-4"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 4}')
+    for max_steps in (5, -1, 0, None):
+        assert resolve_resume_checkpoint("true", str(tmp_path), max_steps) == str(checkpoint)
+    for max_steps in (4, 3):
+        with pytest.raises(ValueError) as error:
+            resolve_resume_checkpoint(str(checkpoint), str(tmp_path), max_steps)
+        assert str(error.value) == (
+            f"resume_from_checkpoint={str(checkpoint)!r}: {checkpoint} is at step 4, and max_steps={max_steps}: that "
+            "run is finished (transformers' Trainer would train one step past max_steps). Raise max_steps to train "
+            "on from it, or start afresh without resume_from_checkpoint."
+        )
+
+
 def test_interrupt_message_without_a_checkpoint_and_the_resume_command(tmp_path):
     assert interrupt_message(["--config", "x.yaml"], str(tmp_path), 3) == (
         f"Interrupted at step 3, with no checkpoint in {tmp_path} to resume from (save_strategy: steps and "

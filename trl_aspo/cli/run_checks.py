@@ -76,7 +76,7 @@ def check_train_command_line(argv: list[str]) -> tuple[dict[str, Any], str, dict
     unbounded = {name: value for name, value in values.items() if name not in out_of_range}
     problems += dependency_problems(unbounded, fields, table["dependencies"].get(trainer, []))
     try:
-        resolve_resume_checkpoint(values.get("resume_from_checkpoint"), output_dir(values))
+        resolve_resume_checkpoint(values.get("resume_from_checkpoint"), output_dir(values), values.get("max_steps"))
     except ValueError as error:
         problems.append(str(error))
     if problems:

@@ -241,7 +241,9 @@ def run(
 
         reward_funcs = [reward_with_timeout(func, script_args.reward_timeout_s) for func in reward_funcs]
     train_dataset, test_dataset = load_datasets(script_args, dataset_args)
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    resume = resolve_resume_checkpoint(
+        training_args.resume_from_checkpoint, training_args.output_dir, training_args.max_steps
+    )
 
     sharding = sharded_launch_on_cpu(training_args)
     if sharding is not None:

@@ -4,7 +4,7 @@
   (`transformers.trainer_utils.get_last_checkpoint`), for the string a YAML file or command line gives, except that
   only a complete checkpoint counts (`complete_checkpoint`: its `trainer_state.json` is there and reads as a JSON
   object): one a kill or a full disk stopped while it was written is skipped, and named
-  (`skipped_checkpoints_note`).
+  (`skipped_checkpoints_note`); a checkpoint already at `max_steps` is refused (`finished_run_problem`).
 - `interrupt_message`: the one line printed when a run is stopped with Ctrl-C, naming the checkpoint to resume from
   and the command that does it, spelled so that it runs as printed from any folder (`cli_command`,
   `with_absolute_paths`).
@@ -46,10 +46,38 @@ ROLLOUT_STATE_NAME = "rollout_state.json"
 RELAUNCH_ENV = "TRL_ASPO_RELAUNCH"
 
 
-def resolve_resume_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
+def resolve_resume_checkpoint(resume_from_checkpoint, output_dir: str, max_steps: int | None = None) -> str | None:
     """The checkpoint folder a run resumes from: None for none (`None`, `false`), the latest complete
     `checkpoint-*` of `output_dir` for `true` (an error naming the folder when it has none), otherwise the path as
-    given (an error when it is a folder that is not a complete checkpoint)."""
+    given (an error when it is a folder that is not a complete checkpoint). With `max_steps` > 0, a checkpoint
+    already at `max_steps` is refused (`finished_run_problem`)."""
+    checkpoint = _resolved_checkpoint(resume_from_checkpoint, output_dir)
+    problem = finished_run_problem(checkpoint, max_steps) if checkpoint is not None else None
+    if problem is not None:
+        raise ValueError(f"resume_from_checkpoint={resume_from_checkpoint!r}: {problem}")
+    return checkpoint
+
+
+def finished_run_problem(checkpoint: str, max_steps: int | None) -> str | None:
+    """Why resuming from `checkpoint` would train past `max_steps`, None when it would not: transformers' `Trainer`
+    resumed at `global_step >= max_steps` trains one more step before its loop checks the limit (seen here: a run
+    of max_steps=2 resumed from its checkpoint-2 saved checkpoint-3)."""
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
+        return None
+    state_file = Path(checkpoint) / TRAINER_STATE_NAME
+    if not state_file.is_file():
+        return None
+    step = require_object(read_json(state_file), str(state_file)).get("global_step")
+    if not isinstance(step, int) or step < max_steps:
+        return None
+    return (
+        f"{checkpoint} is at step {step}, and max_steps={max_steps}: that run is finished (transformers' Trainer "
+        "would train one step past max_steps). Raise max_steps to train on from it, or start afresh without "
+        "resume_from_checkpoint."
+    )
+
+
+def _resolved_checkpoint(resume_from_checkpoint, output_dir: str) -> str | None:
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
     word = str(resume_from_checkpoint).strip().lower()
@@ -259,7 +287,8 @@ class TiedWeightsCheckpointMixin:
     `train(resume_from_checkpoint=...)` resolves the checkpoint as `trl-aspo train` does (`resolve_resume_checkpoint`:
     `True` takes the latest complete checkpoint of `output_dir` and logs the incomplete ones it passed over; a path to
     an incomplete one is refused, naming what it lacks), where `Trainer` would take the newest folder by name and
-    fail later on its missing or cut-short `trainer_state.json` with an error naming no file. An asynchronous
+    fail later on its missing or cut-short `trainer_state.json` with an error naming no file; a checkpoint already at
+    `max_steps` is refused where `Trainer` would train one step past it. An asynchronous
     checkpoint without its `rollout_state.json` is refused (`missing_rollout_state`).
 
     Tied weights are recognized when `Trainer` loads a checkpoint's model weights on resume. A model with tied
@@ -271,7 +300,7 @@ class TiedWeightsCheckpointMixin:
     unexpected key is still reported."""
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir, self.args.max_steps)
         if checkpoint is not None and checkpoint != resume_from_checkpoint:
             skipped = skipped_checkpoints_note(self.args.output_dir, checkpoint)
             if skipped:

@@ -149,7 +149,11 @@ def test_a_misspelled_loss_type_is_refused_before_torch_with_every_other_mistake
     assert (status, torch_imported) == (2, False)
     assert stderr[0] == "trl-aspo train: 2 configuration errors:"
     assert stderr[1].startswith(f"  loss_type (in {path}): 'asp' is not one of ['")
-    assert "'aspo'" in stderr[1] and "'dapo'" in stderr[1] and stderr[1].endswith("]; did you mean aspo?")
+    assert (
+        "'aspo'" in stderr[1]
+        and "'dapo'" in stderr[1]
+        and stderr[1].endswith("] (or a name that a module listed in plugins registers); did you mean aspo?")
+    )
     assert stderr[2:] == [
         f"  lerning_rate (in {path}): unknown key; did you mean learning_rate?",
         "Run `trl-aspo train --help` for every field.",

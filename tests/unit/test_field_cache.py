@@ -120,7 +120,9 @@ def test_a_registry_field_takes_the_names_registered_in_this_process(monkeypatch
     assert loss_type["kind"] == "choice" and loss_type["registry"] == "trl_aspo.config.aspo_config"
     assert "aspo" in loss_type["choices"] and "dapo" in loss_type["choices"]
     assert value_problem(loss_type, "asp", "in run.yaml").startswith("loss_type (in run.yaml): 'asp' is not one of [")
-    assert value_problem(loss_type, "asp", "in run.yaml").endswith("]; did you mean aspo?")
+    assert value_problem(loss_type, "asp", "in run.yaml").endswith(
+        "] (or a name that a module listed in plugins registers); did you mean aspo?"
+    )
 
     config_field = ASPOConfig.__dataclass_fields__["loss_type"]
     spec = fields.field_spec(config_field)

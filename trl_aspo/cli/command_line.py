@@ -14,6 +14,7 @@ from typing import Any
 
 from trl_aspo.cli.config_errors import ConfigurationError, shown, suggestion
 from trl_aspo.cli.field_cache import field_table
+from trl_aspo.cli.plugins import plugin_problems
 from trl_aspo.cli.value_checks import FALSE_WORDS, TRUE_WORDS, missing_path_problem, typed_value, value_problem
 from trl_aspo.cli.yaml_loading import read_config
 
@@ -47,6 +48,16 @@ def requested_trainer(argv: list[str], config: dict | None) -> str:
     return (config or {}).get("trainer", "sync")
 
 
+def requested_plugins(argv: list[str], config: dict | None) -> list[str]:
+    """The modules a command line asks to import (`trl_aspo.cli.plugins`): its `--plugins` words, else the YAML's
+    `plugins` list; entries that are not text are left to the field's own check, which names them."""
+    names = (config or {}).get("plugins")
+    for flag, words in flag_values(without_config(argv)):
+        if flag == "--plugins":
+            names = words
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
 def flag_values(argv: list[str]) -> list[tuple[str, list[str]]]:
     """The (flag, values) pairs of a command line without `--config FILE`: each `--flag` (or `--flag=value`) with the
     words that follow it up to the next `--flag`; words before any flag come as the flag ''."""
@@ -77,6 +88,8 @@ def check_command_line(argv: list[str]) -> tuple[dict[str, Any], str]:
             [f"trainer={trainer!r} is not one of the choices {choices}{suggestion(str(trainer), choices)}"]
         )
     fields = {field["name"]: field for field in table["trainers"][trainer]}
+    # Before the values: a loss or estimator a plugin registers is a name its field accepts.
+    problems += plugin_problems(requested_plugins(argv, config), fields)
     others = {
         other: {field["name"]: field["owner"] for field in table["trainers"][other]}
         for other in table["trainers"]

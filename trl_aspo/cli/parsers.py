@@ -45,6 +45,15 @@ class ASPOScriptArguments(ScriptArguments):
             f"hints and a Google-style docstring, or built-in names {sorted(BUILTIN_TOOLS)}."
         },
     )
+    plugins: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Your own modules, imported before the configuration is checked (dotted names, found on the "
+            "Python path or in the working folder): where your losses and advantage estimators register "
+            "themselves with register_policy_loss / register_advantage_estimator, so that loss_type and "
+            "advantage_estimator accept their names (docs/development.md, 'Adding a method')."
+        },
+    )
     builtin_train_size: int = field(
         default=2000,
         metadata={"help": f"Training problems generated for a built-in dataset_name ({', '.join(BUILTIN_DATASETS)})."},

@@ -100,7 +100,8 @@ def _text_problem(field: dict[str, Any], text: str) -> str | None:
     if kind == "choice":
         allowed = [str(choice) for choice in field_choices(field)]
         if text not in allowed:
-            return f"{shown(text)} is not one of {allowed}{suggestion(text, allowed)}"
+            own = " (or a name that a module listed in plugins registers)" if field.get("registry") else ""
+            return f"{shown(text)} is not one of {allowed}{own}{suggestion(text, allowed)}"
     elif kind == "bool" and text.lower() not in TRUE_WORDS + FALSE_WORDS:
         return f"{shown(text)} is not true or false"
     elif kind in ("int", "float") and not (field.get("none_words") and text.lower() in NONE_WORDS):

@@ -83,6 +83,23 @@ def test_comparison_tells_coinciding_variants_apart_and_names_panels_alike(tmp_p
     assert all(float(tick).is_integer() for tick in ticks)
 
 
+def test_the_legend_sits_above_the_note_of_the_panels_not_drawn(tmp_path, saved_figures):
+    """The experiments' figure drew the legend over a long note (both on the figure's bottom line)."""
+    zero_metrics = ("offpolicy/clipped_frac_pos", "offpolicy/clipped_frac_neg", "aspo/hard_clip_pos_frac")
+    rows = [{**row, **dict.fromkeys(zero_metrics, 0.0)} if "reward" in row else row for row in history(6)]
+    runs = {
+        name: [{"history": rows, "completions_per_step": 16, "heldout": {"initial": 0.2, "final": 0.5}}]
+        for name in ("no correction", "token_truncate max 2", "token_mask [0.5, 2]")
+    }
+    plotting.plot_comparison(runs, str(tmp_path / "c.png"), extra_metrics=zero_metrics, smoothing=1)
+    (figure,) = saved_figures
+    renderer = figure.canvas.get_renderer()
+    (legend,) = figure.legends
+    note = figure.texts[-1]
+    assert note.get_text().startswith("Not drawn, zero at every logged step: zero-advantage share, ")
+    assert not legend.get_window_extent(renderer).overlaps(note.get_window_extent(renderer))
+
+
 def test_results_md_shows_heldout_fractions_as_percentages():
     summaries = [
         {"history": history(4), "train_minutes": 1.0, "heldout": {"accuracy": accuracy, "tool_call_rate": 0.9}}

@@ -303,7 +303,16 @@ def plot_comparison(
         axis.axis("off")
     # One legend for the figure, from a training-curve panel: every variant with its line style and run count.
     handles, labels = _legend_entries(axes.flat[: len(panels)])
-    figure.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)) or 1, fontsize=8, frameon=False)
+    # Above the note of the panels not drawn, which takes the figure's bottom line.
+    figure.legend(
+        handles,
+        labels,
+        loc="lower center",
+        bbox_to_anchor=(0.5, 0.025 if zero else 0.0),
+        ncol=min(4, len(labels)) or 1,
+        fontsize=8,
+        frameon=False,
+    )
     suffix = f"mean +- 1 sd over runs; training curves: {smoothing}-step running mean"
     figure.suptitle(f"{title}\n{suffix}" if title else suffix, fontsize=10)
     _note_left_out(figure, zero)

@@ -21,13 +21,12 @@ Checkpoint folders are `checkpoint-<step>` as transformers names them; any other
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
+from trl_aspo.infra.checkpoint_files import CHECKPOINT_NAME
 from trl_aspo.infra.json_files import read_json, require_int, require_list, require_number, require_object
 
-CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 # Held-out accuracies and shares of samples: fractions.
 FRACTION_METRICS = ("heldout/accuracy", "heldout/tool_call_rate", "zero_advantage_share")
 TRAIN_SECONDS = "train_seconds"

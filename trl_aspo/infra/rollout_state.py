@@ -11,18 +11,16 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from transformers.trainer import TRAINER_STATE_NAME
-
+from trl_aspo.infra.checkpoint_files import TRAINER_STATE_FILE
 from trl_aspo.infra.json_files import read_json, require_int, require_object
 
-ROLLOUT_STATE_FILE = "rollout_state.json"
 # rollout_state.json holds two integers; anything near this size is not one.
 ROLLOUT_STATE_MAX_BYTES = 4096
 
 
 def checkpoint_global_step(checkpoint: str) -> int | None:
     """`global_step` of the checkpoint's `trainer_state.json` (checked: an integer >= 0), None without the file."""
-    path = os.path.join(checkpoint, TRAINER_STATE_NAME)
+    path = os.path.join(checkpoint, TRAINER_STATE_FILE)
     if not os.path.exists(path):
         return None
     state = require_object(read_json(path), path)

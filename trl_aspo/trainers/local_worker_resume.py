@@ -19,14 +19,10 @@ import datasets
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
+from trl_aspo.infra.checkpoint_files import ROLLOUT_STATE_FILE
 from trl_aspo.infra.json_files import write_json_atomic
 from trl_aspo.infra.local_worker import LocalRolloutWorker
-from trl_aspo.infra.rollout_state import (
-    ROLLOUT_STATE_FILE,
-    checkpoint_global_step,
-    read_rollout_state,
-    rollout_state_bounds,
-)
+from trl_aspo.infra.rollout_state import checkpoint_global_step, read_rollout_state, rollout_state_bounds
 
 logger = logging.getLogger(__name__)
 

@@ -22,25 +22,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
 
+from trl_aspo.infra.checkpoint_files import CHECKPOINT_NAME, ROLLOUT_STATE_FILE, TRAINER_STATE_FILE
 from trl_aspo.infra.json_files import read_json, require_object
 
 logger = logging.getLogger(__name__)
 
 TRUE_WORDS = ("true", "yes", "1")
 FALSE_WORDS = ("false", "no", "0", "")
-# transformers.trainer_utils' PREFIX_CHECKPOINT_DIR and _re_checkpoint, and TRAINER_STATE_NAME: `Trainer` writes the
-# state file last into a new checkpoint (after the weights, optimizer, scheduler and every rank's random states,
-# where trl-aspo's trainers add their own state), so a folder without it was not finished.
-CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-TRAINER_STATE_NAME = "trainer_state.json"
-# Written by the asynchronous trainer into a checkpoint before trainer_state.json (TRL's worker and the local one):
-# the first untrained prompt group and the model version.
-ROLLOUT_STATE_NAME = "rollout_state.json"
 # Set by `trl-aspo train` for the processes `accelerate launch` starts: the words that start the run again (the
 # executable, `train` and the launcher flags as the user gave them), as a JSON list.
 RELAUNCH_ENV = "TRL_ASPO_RELAUNCH"
@@ -64,7 +56,7 @@ def finished_run_problem(checkpoint: str, max_steps: int | None) -> str | None:
     of max_steps=2 resumed from its checkpoint-2 saved checkpoint-3)."""
     if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps <= 0:
         return None
-    state_file = Path(checkpoint) / TRAINER_STATE_NAME
+    state_file = Path(checkpoint) / TRAINER_STATE_FILE
     if not state_file.is_file():
         return None
     step = require_object(read_json(state_file), str(state_file)).get("global_step")
@@ -123,14 +115,14 @@ def incomplete_checkpoint_problem(path: str | Path) -> str | None:
     """Why a checkpoint folder was not saved to the end, None when it was: `trainer_state.json`, written last, is
     missing, or does not read as a JSON object (transformers writes it in place, so a kill or a full disk during
     that write leaves it cut short; the error names the file and where its JSON breaks off)."""
-    state = Path(path) / TRAINER_STATE_NAME
+    state = Path(path) / TRAINER_STATE_FILE
     if not os.path.lexists(state):
-        return f"no {TRAINER_STATE_NAME}"
+        return f"no {TRAINER_STATE_FILE}"
     try:
         require_object(read_json(state), str(state))
     except ValueError as error:
         # Without the reader's closing period: the caller's message goes on after it.
-        return f"an unreadable {TRAINER_STATE_NAME}: {str(error).rstrip('.')}"
+        return f"an unreadable {TRAINER_STATE_FILE}: {str(error).rstrip('.')}"
     return None
 
 
@@ -171,7 +163,7 @@ def _why_incomplete(paths: list[Path], verb: bool = False) -> str:
     for path in paths:
         problem = incomplete_checkpoint_problem(path) or ""
         # The reader's error repeats the path; the group's folder names say which checkpoints it is.
-        kind = f"no {TRAINER_STATE_NAME}" if problem.startswith("no ") else f"an unreadable {TRAINER_STATE_NAME}"
+        kind = f"no {TRAINER_STATE_FILE}" if problem.startswith("no ") else f"an unreadable {TRAINER_STATE_FILE}"
         groups.setdefault(kind, []).append(path.name)
     if verb:
         return "; ".join(
@@ -206,7 +198,7 @@ def missing_rollout_state(trainer, checkpoint: str) -> str | None:
         return None
     if not isinstance(trainer.train_dataset, datasets.Dataset):
         return None
-    path = os.path.join(checkpoint, ROLLOUT_STATE_NAME)
+    path = os.path.join(checkpoint, ROLLOUT_STATE_FILE)
     if os.path.lexists(path):
         return None
     return (

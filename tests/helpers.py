@@ -420,9 +420,9 @@ def stepped_learning_rates(lr_lambda, base_lr: float, steps: int) -> list[float]
     return rates
 
 
-def load_gpu_check_script():
-    """scripts/gpu_check.py as a module."""
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
+def load_script(name: str):
+    """scripts/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
     spec.loader.exec_module(module)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from helpers import REPO_ROOT as ROOT
-from helpers import load_gpu_check_script
+from helpers import load_script
 
 
 @pytest.mark.slow
@@ -53,7 +53,7 @@ def test_gpu_check_small_mode_writes_the_result(tmp_path):
 
 @pytest.mark.slow
 def test_a_check_that_raises_is_recorded_and_the_timings_still_written(tmp_path, monkeypatch):
-    gpu_check = load_gpu_check_script()
+    gpu_check = load_script("gpu_check")
 
     def broken(*args):
         raise RuntimeError("no such kernel")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import warnings
 
-from helpers import load_gpu_check_script
+from helpers import load_script
 
 
 def test_package_sync_sites_counts_only_the_package_synchronizations(tmp_path):
-    gpu_check = load_gpu_check_script()
+    gpu_check = load_script("gpu_check")
     package = tmp_path / "trl_aspo"
 
     def record(message, filename, lineno):

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from trl_aspo.algorithms.papers import Paper
+from trl_aspo.algorithms.registration import is_redefinition
 
 GroupEstimator = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -133,7 +134,10 @@ def _register(entry: AdvantageEstimator) -> AdvantageEstimator:
         raise ValueError(
             f"register_advantage_estimator: the name must be a non-empty string without spaces, got {name!r}."
         )
-    if name in _ADVANTAGE_ESTIMATORS:
+    registered = _ADVANTAGE_ESTIMATORS.get(name)
+    if registered is not None and not (
+        entry.estimate is not None and is_redefinition(registered.estimate, entry.estimate)
+    ):
         raise ValueError(
             f"register_advantage_estimator({name!r}): an advantage estimator of that name is already registered "
             f"(registered: {registered_advantage_estimators()}); register it under another name."
@@ -157,7 +161,8 @@ def register_advantage_estimator(
     """Decorator registering a stateless group estimator `fn(rewards, group_ids, scorable) -> (N,)` under `name`
     (see the module docstring); returns `fn` unchanged. `default_normalization`: 'batch' or 'token', what
     `advantage_normalization=None` means with it. `allows_single_completion`: whether `num_generations=1` is allowed.
-    `papers`: cited on the model card. A name already registered is refused."""
+    `papers`: cited on the model card. A name another function holds is refused; the same definition run again
+    (`is_redefinition`) replaces its registration."""
 
     def register(fn: GroupEstimator) -> GroupEstimator:
         if not callable(fn):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from trl_aspo.algorithms.papers import Paper
+from trl_aspo.algorithms.registration import is_redefinition
 
 # GRPOTrainer's loss types (GRPOConfig.loss_type) and AsyncGRPOTrainer's one (its fixed PPO clip, which
 # AsyncASPOConfig names "ppo"): computed by TRL's code, never by the registry.
@@ -124,7 +125,8 @@ def register_policy_loss(
     reads_fields: str | None = None,
 ) -> Callable:
     """Decorator registering `fn` as the policy loss `name` (see the module docstring); returns `fn` unchanged.
-    Refuses a name TRL's trainers own (`TRL_LOSS_TYPES`) or one already registered."""
+    Refuses a name TRL's trainers own (`TRL_LOSS_TYPES`) or one another function holds; the same definition run
+    again (`is_redefinition`) replaces its registration."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"register_policy_loss: the name must be an identifier-like string, got {name!r}.")
     if name in TRL_LOSS_TYPES:
@@ -132,16 +134,25 @@ def register_policy_loss(
             f"register_policy_loss({name!r}): {name!r} is a TRL loss type (TRL's loss types: {TRL_LOSS_TYPES}), "
             "which TRL's own code computes; register the loss under another name."
         )
-    if name in _POLICY_LOSSES:
-        raise ValueError(f"register_policy_loss({name!r}): a policy loss of that name is already registered.")
 
     def register(fn: Callable) -> Callable:
+        if not callable(fn):
+            raise ValueError(f"register_policy_loss({name!r}) decorates a function, got {fn!r}.")
+        if name in _POLICY_LOSSES and not is_redefinition(_POLICY_LOSSES[name].fn, fn):
+            raise ValueError(
+                f"register_policy_loss({name!r}): a policy loss of that name is already registered "
+                f"({_definition(_POLICY_LOSSES[name].fn)}); register {_definition(fn)} under another name."
+            )
         _POLICY_LOSSES[name] = PolicyLoss(
             name, fn, draw, weight, metrics, on_policy_warning, tuple(papers), reads_fields
         )
         return fn
 
     return register
+
+
+def _definition(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
 
 
 def get_policy_loss(name: str) -> PolicyLoss | None:

@@ -99,3 +99,23 @@ def test_is_redefinition():
     assert not is_redefinition(None, first)
     assert not is_redefinition(first, second)
     assert not is_redefinition(first, lambda: None)
+
+
+def test_a_loss_cut_off_from_the_log_probs_is_refused_when_it_runs():
+    from trl_aspo.algorithms import PolicyLossInputs
+
+    register_policy_loss("detached_loss")(lambda inputs: -inputs.advantages[:, None] * inputs.log_probs.detach())
+    try:
+        log_probs = torch.zeros(2, 3, requires_grad=True)
+        inputs = PolicyLossInputs(log_probs, log_probs.detach(), torch.ones(2), torch.ones(2, 3), None)
+        with pytest.raises(
+            ValueError, match=r"policy loss 'detached_loss' returned a per-token loss with no gradient"
+        ):
+            get_policy_loss("detached_loss")(inputs)
+        with torch.no_grad():  # evaluation-time calls have nothing to differentiate
+            loss, _ = get_policy_loss("detached_loss")(
+                PolicyLossInputs(log_probs.detach(), log_probs.detach(), torch.ones(2), torch.ones(2, 3), None)
+            )
+        assert loss.tolist() == [[-0.0] * 3] * 2
+    finally:
+        unregister_policy_loss("detached_loss")

@@ -99,6 +99,11 @@ class PolicyLoss:
         if not isinstance(loss, torch.Tensor) or tuple(loss.shape) != shape:
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
             raise ValueError(f"policy loss {self.name!r} must return a per-token loss of shape {shape}, got {got}.")
+        if inputs.log_probs.requires_grad and not loss.requires_grad:
+            raise ValueError(
+                f"policy loss {self.name!r} returned a per-token loss with no gradient: it must be computed from "
+                "`inputs.log_probs` without detaching them (no .detach(), .item() or torch.no_grad() on that path)."
+            )
         for stat, value in stats.items():
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
                 got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__

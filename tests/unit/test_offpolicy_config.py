@@ -45,6 +45,24 @@ ON = {"vllm_importance_sampling_correction": True}
             {"vllm_importance_sampling_clip_max": 2.0},
             r"vllm_importance_sampling_clip_max=2\.0 is invalid: .* needs vllm_importance_sampling_correction=True",
         ),
+        # Types, from Python as from YAML (the fields declared on AsyncASPOConfig itself were not type-checked: a
+        # string switch was taken as on, a string bound ended in a raw TypeError).
+        (
+            {"vllm_importance_sampling_correction": "yes"},
+            r"vllm_importance_sampling_correction='yes' is invalid: must be true or false",
+        ),
+        (
+            {**ON, "vllm_importance_sampling_clip_max": "3"},
+            r"vllm_importance_sampling_clip_max='3' is invalid: must be a finite number or None",
+        ),
+        (
+            {**ON, "vllm_importance_sampling_clip_min": True},
+            r"vllm_importance_sampling_clip_min=True is invalid: must be a finite number or None",
+        ),
+        (
+            {"allow_processed_sampling_logprobs": 1},
+            r"allow_processed_sampling_logprobs=1 is invalid: must be true or false",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_name(overrides, message):

@@ -42,6 +42,7 @@ from trl_aspo.config.fields import (
     check_dependencies,
     check_values,
     config_dependencies,
+    declared_field_types,
     derived_defaults,
     field_bounds,
     field_sections,
@@ -851,7 +852,7 @@ class ASPOFieldsMixin:
         """Every declared field's type, trainer support, bound, choices and checks (trl_aspo.config.fields); and
         `dataloader_pin_memory` off where no accelerator exists, since torch's data loader warns on every run that
         pinned memory is unused there (the default stays True wherever pinning can act)."""
-        check_values(self, aspo_field_types())
+        check_values(self, declared_field_types(type(self)))
         if self.dataloader_pin_memory and (self.use_cpu or not torch.accelerator.is_available()):
             self.dataloader_pin_memory = False
 

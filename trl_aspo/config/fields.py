@@ -15,6 +15,7 @@ trl_aspo.config.aspo_config (`FIELD_BOUNDS`, `FIELD_DEPENDENCIES`, ...) are view
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import textwrap
 import types as types_module
@@ -286,6 +287,14 @@ def field_types(cls) -> dict[str, list[str]]:
         union = typing.get_origin(hint) in (typing.Union, types_module.UnionType)
         types[config_field.name] = [_type_name(arg) for arg in (typing.get_args(hint) if union else (hint,))]
     return types
+
+
+@functools.cache
+def declared_field_types(cls) -> dict[str, list[str]]:
+    """`field_types` of the declared fields of `cls` (those `Section.field` made, wherever in the class they are
+    declared): what `check_values` type-checks."""
+    types = field_types(cls)
+    return {config_field.name: types[config_field.name] for config_field, _ in declared_fields(cls)}
 
 
 # ---------------------------------------------------------------------------------------------------- checker

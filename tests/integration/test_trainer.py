@@ -77,6 +77,20 @@ def test_builtin_model_name_loads_locally(calculator_dataset, tiny_config):
     assert trainer.model.config.model_type == "qwen2"
 
 
+def test_the_builtin_random_model_trains_with_a_kl_reference(calculator_dataset, tiny_config):
+    # TRL loads the reference model (beta != 0) from the folder the policy's config names; the in-memory model named
+    # none, and beta > 0 ended in a raw hub error ("Repo id must use alphanumeric chars ...: ''").
+    trainer = ASPOTrainer(
+        "builtin:tiny-random", [digit_share_reward], tiny_config(beta=0.1, max_steps=1), calculator_dataset
+    )
+    initial = {name: parameter.detach().clone() for name, parameter in trainer.model.named_parameters()}
+    reference = dict(trainer.ref_model.named_parameters())
+    assert all(torch.equal(reference[name], parameter) for name, parameter in initial.items())
+    trainer.train()
+    assert [log for log in trainer.state.log_history if "kl" in log]
+    assert any(not torch.equal(initial[name], parameter) for name, parameter in trainer.model.named_parameters())
+
+
 def test_prioritized_sampling_refuses_iterable_dataset(tiny_model, tiny_tokenizer, calculator_dataset, tiny_config):
     config = tiny_config(advantage_estimator="spo++", num_generations=1, prioritized_sampling=True, max_steps=1)
     with pytest.raises(ValueError, match="prioritized_sampling needs a map-style"):

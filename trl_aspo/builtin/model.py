@@ -9,11 +9,15 @@ improve tool use, and the multi-call model (rebuilt by `scripts/build_tiny_multi
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
 
 from trl_aspo.builtin.tokenizer import build_tokenizer, load_tokenizer
 
@@ -91,15 +95,35 @@ def build_random_model(
     return model
 
 
+def _saved_for_this_process(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast) -> Path:
+    """A folder holding `model` and `tokenizer`, removed when the process ends. An in-memory model's config names
+    no folder, and TRL loads the KL reference model (`beta` != 0) and vLLM its engine from the folder the policy's
+    config names (`config._name_or_path`): without one, `beta` > 0 ended in a raw hub error."""
+    folder = Path(tempfile.mkdtemp(prefix="trl-aspo-tiny-random-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for a file of a few hundred KB, on every load
+    try:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return folder
+
+
 def load_builtin(name: str) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     """Load a built-in model and its tokenizer (response schema set, so TRL's tool loop parses calls).
 
-    `builtin:tiny-random` is built in memory (deterministic); `builtin:tiny-calculator` and `builtin:tiny-multicall`
+    `builtin:tiny-random` is built in memory (deterministic) and saved to a folder its config names, for as long as
+    the process lives; `builtin:tiny-calculator` and `builtin:tiny-multicall`
     are the warm-started checkpoints shipped in the package.
     """
     if name == TINY_RANDOM:
         tokenizer = build_tokenizer()
-        return build_random_model(tokenizer), tokenizer
+        model = build_random_model(tokenizer)
+        model.config._name_or_path = str(_saved_for_this_process(model, tokenizer))
+        return model, tokenizer
     if name in SHIPPED_CHECKPOINTS:
         directory, script = SHIPPED_CHECKPOINTS[name]
         if not (directory / "model.safetensors").is_file():

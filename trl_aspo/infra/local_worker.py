@@ -170,6 +170,8 @@ class LocalRolloutWorker:
         self.policy_lock = threading.Lock()
         # Read by AsyncASPOTrainer (trl_aspo.config.async_config.check_sampling_logprobs).
         self.reports_processed_logprobs = processed_logprobs
+        # What a vLLM server on this policy reports as max_model_len (read by AsyncASPOTrainer for token_budget=None).
+        self.max_model_len = self.policy.config.max_position_embeddings
         if processing_class.pad_token is None:
             processing_class.pad_token = processing_class.eos_token
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps

@@ -118,6 +118,10 @@ class AsyncASPOTrainer(
         # to do the same.
         worker = bound.arguments.get("rollout_worker")
         check_sampling_logprobs(args, True if worker is None else getattr(worker, "reports_processed_logprobs", True))
+        # token_budget=None means the vLLM server's max_model_len, which TRL asks its server for at train start: a
+        # worker without one (the local worker) answers itself, where TRL would wait for a server that never comes.
+        if args.token_budget is None and getattr(worker, "max_model_len", None) is not None:
+            args.token_budget = worker.max_model_len
         # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)

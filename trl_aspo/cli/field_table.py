@@ -112,6 +112,7 @@ def bound_table(config_class) -> dict[str, dict]:
             "high": bound.high,
             "low_open": bound.low_open,
             "high_open": bound.high_open,
+            "excluded": list(bound.excluded),
             "shown": str(bound),
             "optional": "None" in types.get(name, ()),
         }

@@ -138,7 +138,7 @@ def bound_problems(values: dict[str, Any], bounds: dict[str, dict]) -> dict[str,
 def _within(value: float, bound: dict) -> bool:
     above = value > bound["low"] if bound["low_open"] else value >= bound["low"]
     below = value < bound["high"] if bound["high_open"] else value <= bound["high"]
-    return above and below
+    return above and below and value not in bound["excluded"]
 
 
 def dependency_problems(values: dict[str, Any], fields: dict[str, dict], dependencies: list[dict]) -> list[str]:

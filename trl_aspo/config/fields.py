@@ -39,14 +39,40 @@ class Bound:
     high: float
     low_open: bool = False
     high_open: bool = False
+    # Values inside the range that are not allowed (TRL's max_inflight_tasks: -1 means automatic, 0 never generates).
+    excluded: tuple[float, ...] = ()
 
     def holds(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
-        return above and below
+        return above and below and value not in self.excluded
 
     def __str__(self) -> str:
-        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        shown = f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return shown + "".join(f" except {value:g}" for value in self.excluded)
+
+
+# Fields of TRL's and transformers' configs whose documented domain neither checks when the config is built: outside
+# it a run fails once the model has loaded, with a message that names no field (torch's sampler: "batch_size should
+# be a positive integer value"; generate: "`temperature` (=0.0) has to be a strictly positive float"), or never ends
+# (max_staleness < 0 drops every sample). Checked like the declared fields, by both configs and before torch loads.
+TRL_FIELD_BOUNDS = {
+    "per_device_train_batch_size": Bound(1, 10**9),
+    "gradient_accumulation_steps": Bound(1, 10**9),
+    "max_completion_length": Bound(1, 10**9),
+    "temperature": Bound(0, 1e6, low_open=True),  # the trainers divide the logits by it
+    "top_p": Bound(0, 1, low_open=True),  # TRL's documented (0, 1]
+    "top_k": Bound(-1, 10**9),  # 0 turns top-k off, and -1 under vLLM (transformers' generate refuses it by name)
+    "epsilon": Bound(0, 1e6),
+    "epsilon_high": Bound(0, 1e6),
+    "beta": Bound(0, 1e6),
+    "num_iterations": Bound(1, 10**9),
+    "steps_per_generation": Bound(1, 10**9),
+    "generation_batch_size": Bound(1, 10**9),
+    "max_staleness": Bound(0, 10**9),
+    "weight_sync_steps": Bound(1, 10**9),
+    "max_inflight_tasks": Bound(-1, 10**9, excluded=(0,)),  # -1: sized from max_staleness and the batch
+}
 
 
 @dataclass(frozen=True)
@@ -190,7 +216,16 @@ def declared_fields(cls) -> list[tuple[dataclasses.Field, FieldSpec]]:
 
 # ------------------------------------------------------------------------------------- views of the declarations
 def field_bounds(cls) -> dict[str, Bound]:
-    return {config_field.name: spec.bound for config_field, spec in declared_fields(cls) if spec.bound is not None}
+    """The range of each bounded field of `cls`: the declared fields' own, and `TRL_FIELD_BOUNDS` for TRL's."""
+    declared = {config_field.name: spec.bound for config_field, spec in declared_fields(cls) if spec.bound}
+    return {**declared, **trl_field_bounds(cls)}
+
+
+def trl_field_bounds(cls) -> dict[str, Bound]:
+    """`TRL_FIELD_BOUNDS` for the fields `cls` has (and does not declare itself)."""
+    declared = {config_field.name for config_field, _ in declared_fields(cls)}
+    names = {config_field.name for config_field in dataclasses.fields(cls)} - declared
+    return {name: bound for name, bound in TRL_FIELD_BOUNDS.items() if name in names}
 
 
 def field_sections(cls) -> dict[str, str]:
@@ -291,10 +326,11 @@ def field_types(cls) -> dict[str, list[str]]:
 
 @functools.cache
 def declared_field_types(cls) -> dict[str, list[str]]:
-    """`field_types` of the declared fields of `cls` (those `Section.field` made, wherever in the class they are
-    declared): what `check_values` type-checks."""
+    """`field_types` of the fields `check_values` checks in `cls`: the declared ones (those `Section.field` made,
+    wherever in the class they are declared) and those of `TRL_FIELD_BOUNDS` it has."""
     types = field_types(cls)
-    return {config_field.name: types[config_field.name] for config_field, _ in declared_fields(cls)}
+    names = [config_field.name for config_field, _ in declared_fields(cls)] + list(trl_field_bounds(cls))
+    return {name: types[name] for name in names}
 
 
 # ---------------------------------------------------------------------------------------------------- checker
@@ -351,6 +387,8 @@ def check_values(config, types: dict[str, list[str]]) -> None:
     for config_field, spec, _ in declared:
         if spec.bound is not None:
             _check_bound(config, config_field.name, spec.bound, types)
+    for name, bound in trl_field_bounds(type(config)).items():
+        _check_bound(config, name, bound, types)
     for config_field, spec, checks in declared:
         value = getattr(config, config_field.name)
         choices = spec.allowed_choices(trainer)

@@ -384,10 +384,7 @@ def check_values(config, types: dict[str, list[str]]) -> None:
         for check in checks:
             if getattr(check, "alone", False):
                 check(config, config_field.name)
-    for config_field, spec, _ in declared:
-        if spec.bound is not None:
-            _check_bound(config, config_field.name, spec.bound, types)
-    for name, bound in trl_field_bounds(type(config)).items():
+    for name, bound in field_bounds(type(config)).items():
         _check_bound(config, name, bound, types)
     for config_field, spec, checks in declared:
         value = getattr(config, config_field.name)

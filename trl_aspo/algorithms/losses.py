@@ -270,14 +270,27 @@ def clipped_surrogate_loss(
     advantages: torch.Tensor,
     epsilon_low: float,
     epsilon_high: float,
-) -> torch.Tensor:
-    """(B, T) PPO's clipped surrogate ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, ``r = exp(lp - lp_old)``:
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) PPO's clipped surrogate ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``, ``r = exp(lp - lp_old)``:
     the per-token loss of TRL's `AsyncGRPOTrainer` ("ppo"), here for its decoupled mode, where the ratio is taken
-    against the proximal policy. ``advantages`` is (B,) or (B, T)."""
+    against the proximal policy, and for its dual clip. ``advantages`` is (B,) or (B, T).
+
+    `dual_clip` (c > 1; Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL", arXiv 1912.09729;
+    verl's `clip_ratio_c`, AReaL's `c_clip`): for ``A < 0`` the term becomes ``min(surrogate, -c A)``, so a token whose
+    ratio has grown far above 1 adds at most ``-c A`` and no gradient. Returns the loss and where the cap binds (bool,
+    (B, T))."""
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     ratio = torch.exp(per_token_logps - old_per_token_logps)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    return -torch.min(ratio * advantages, clipped * advantages)
+    loss = -torch.min(ratio * advantages, clipped * advantages)
+    if dual_clip is None:
+        return loss, torch.zeros_like(loss, dtype=torch.bool)
+    if not dual_clip > 1:
+        raise ValueError(f"`dual_clip` must be > 1 (a cap at or below the clipped surrogate's), got {dual_clip}.")
+    cap = -dual_clip * advantages
+    capped = (advantages < 0) & (loss.detach() > cap)
+    return torch.where(capped, cap.to(loss.dtype), loss), capped
 
 
 def entropy_split_mask(entropies: torch.Tensor, mask: torch.Tensor, quantile: float = 0.8) -> torch.Tensor:

@@ -17,6 +17,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
 from trl_aspo.algorithms.policy_losses import get_policy_loss
+from trl_aspo.algorithms.proximal_policy import PROXIMAL_POLICIES
 from trl_aspo.algorithms.rollout_correction import CORRECTION_MODES
 from trl_aspo.config.aspo_config import ASPOFieldsMixin
 from trl_aspo.config.fields import (
@@ -80,6 +81,32 @@ OFF_POLICY = Section(
     "the trainer computes what TRL's AsyncGRPOTrainer computes.",
     depends=(CORRECTION_ON,),
 )
+ROLLOUT_BATCHES = Section(
+    "Rollout batches (asynchronous trainer)",
+    "A rollout batch is steps_per_rollout_batch optimizer steps' worth of samples, fetched from the rollout queue "
+    "(and scored, one optimizer step at a time) before its first update, then trained in that many optimizer steps, "
+    "one mini-batch each (verl's ppo_mini_batch_size, AReaL's ppo_n_minibatches). With the decoupled objective the "
+    "loss's ratio is against the policy at the batch start (proximal_policy), so it moves on the batch's later steps.",
+)
+PPO_LOSS = Section(
+    "PPO loss (asynchronous trainer)",
+    "Options of loss_type='ppo', TRL's clipped surrogate.",
+)
+TRL_PPO_ON = Needs(
+    ("loss_type",),
+    "loss_type='ppo'",
+    lambda c: get_policy_loss(c.loss_type) is None,
+    "it caps TRL's PPO surrogate; a registered loss has its own clips",
+)
+
+
+def _saves_at_batch_boundaries(config) -> bool:
+    """Whether every checkpoint `save_steps` asks for falls on a rollout-batch boundary (a step that is a multiple
+    of steps_per_rollout_batch): TRL's rollout state holds no fetched-but-untrained samples."""
+    k = config.steps_per_rollout_batch
+    if k == 1 or config.save_strategy != "steps":
+        return True
+    return config.save_steps >= 1 and float(config.save_steps).is_integer() and int(config.save_steps) % k == 0
 
 
 @dataclass
@@ -157,6 +184,47 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
         "on purpose).",
         switch=True,
         independent="lifts the refusal of processed sampling, whatever else is set",
+    )
+
+    proximal_policy: str = OFF_POLICY.field(
+        "recompute",
+        help="The proximal policy pi_prox of the decoupled objective over a rollout batch (steps_per_rollout_batch): "
+        "'recompute' (exact: the batch's log-probs under the parameters at its start, by one no-grad forward of "
+        "each later mini-batch before the first update) or 'loglinear' (AReaL's and A-3PO's approximation, no extra "
+        "forward: log pi_prox = log pi_b + alpha (log pi_theta - log pi_b), alpha from the optimizer steps since the "
+        "sample's version was published; docs/async.md says what it approximates). With one step per batch both "
+        "are the trainer's own log-probs of the step.",
+        choices=PROXIMAL_POLICIES,
+    )
+    steps_per_rollout_batch: int = ROLLOUT_BATCHES.field(
+        1,
+        help="Optimizer steps per rollout batch (k). The batch (k steps' worth of samples, all their micro-batches) "
+        "is fetched before its first update and trained in k optimizer steps; advantages, normalization and "
+        "shaping stay per optimizer step. Checkpoints are written at batch boundaries only (save_steps must be a "
+        "multiple of k), and max_staleness is checked when the batch is fetched, so a sample trained at the batch's "
+        "step j is up to j steps staler. 1 = TRL's AsyncGRPOTrainer (each sample trains in the step that fetches "
+        "it).",
+        bound=Bound(1, 10**6),
+        checks=(
+            Check(
+                _saves_at_batch_boundaries,
+                lambda c: (
+                    f"it must be a multiple of steps_per_rollout_batch={c.steps_per_rollout_batch} (checkpoints "
+                    "are written at rollout-batch boundaries only: a fetched, untrained sample is in no checkpoint)"
+                ),
+                name="save_steps",
+            ),
+        ),
+        independent="sets how many optimizer steps train each fetched batch, whatever else is set",
+    )
+    ppo_dual_clip: float | None = PPO_LOSS.field(
+        None,
+        help="PPO's negative dual clip c (> 1; Ye et al. 2020; verl's clip_ratio_c, AReaL's c_clip): for tokens "
+        "with A < 0 the clipped surrogate max(-A r, -A clip(r)) becomes min(that, -c A), with no gradient where the "
+        "cap binds; the rollout correction weight w_is multiplies the result afterwards. The SPO++ recipe uses 2, "
+        "SPO 10. None = off (TRL's loss). ASPO's soft dual clip (aspo_dual_clip, a gradient weight) is another rule.",
+        bound=Bound(1, 1e6, low_open=True),
+        depends=TRL_PPO_ON,
     )
 
     def __post_init__(self):

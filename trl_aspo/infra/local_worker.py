@@ -177,7 +177,9 @@ class LocalRolloutWorker:
         samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         max_inflight_tasks = args.max_inflight_tasks
         if max_inflight_tasks < 0:
-            max_inflight_tasks = max(args.max_staleness, 1) * samples_per_step
+            max_inflight_tasks = (
+                max(args.max_staleness, 1) * samples_per_step * getattr(args, "steps_per_rollout_batch", 1)
+            )
         self.rollout_buffer: queue.Queue = queue.Queue(maxsize=args.queue_maxsize)
         self.metrics_queue: queue.Queue = queue.Queue(maxsize=4096)
         self._model_version = SharedValue(0)

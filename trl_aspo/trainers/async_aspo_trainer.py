@@ -19,6 +19,7 @@ import inspect
 import logging
 
 import torch
+from accelerate import PartialState
 from datasets import Dataset
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
@@ -50,6 +51,7 @@ from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
 from trl_aspo.trainers.local_worker_resume import LocalWorkerResumeMixin
 from trl_aspo.trainers.project_state import save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
+from trl_aspo.trainers.rollout_batches import RolloutBatchMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.scoring import StepScorer, check_correct_reward_name, warn_if_tool_shaping_runs_no_tools
@@ -67,7 +69,12 @@ def _conversation_id(sample) -> tuple[int, str] | object:
 
 
 class AsyncASPOTrainer(
-    TiedWeightsCheckpointMixin, NonFiniteStepGuardMixin, LocalWorkerResumeMixin, AsyncGRPOLossMixin, AsyncGRPOTrainer
+    TiedWeightsCheckpointMixin,
+    NonFiniteStepGuardMixin,
+    LocalWorkerResumeMixin,
+    AsyncGRPOLossMixin,
+    RolloutBatchMixin,
+    AsyncGRPOTrainer,
 ):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults.
 
@@ -75,7 +82,9 @@ class AsyncASPOTrainer(
 
     - `train`: runs the value pre-pass before TRL's loop on a fresh start.
     - `get_train_dataloader`: TRL builds the rollout dataset and its batcher inside it; scoring sits between them.
-    - `get_batch_samples`: counts one optimizer step's action tokens and completions for `aspo_aggregation`.
+    - `get_batch_samples`: counts one optimizer step's action tokens and completions for `aspo_aggregation`; with
+      `steps_per_rollout_batch` > 1 fetches a whole rollout batch at its first step (`RolloutBatchMixin`).
+    - `_sync_weight`: records the global step at which each model version is published (the loglinear clock).
     - `_get_grad_norm`: `skip_nonfinite_grad_steps` drops a step's gradients when their norm is not finite.
     - `compute_loss`: TRL's PPO loss is inlined in it; the aspo loss runs on the same packed forward.
     - `training_step`: marks the end of an optimizer step for the checkpointed tracker state (`ValueTracking`).
@@ -122,6 +131,11 @@ class AsyncASPOTrainer(
         # worker without one (the local worker) answers itself, where TRL would wait for a server that never comes.
         if args.token_budget is None and getattr(worker, "max_model_len", None) is not None:
             args.token_budget = worker.max_model_len
+        if args.max_inflight_tasks < 0 and args.steps_per_rollout_batch > 1:
+            # TRL's automatic size (max_staleness x samples per step), for a rollout batch of k steps' samples.
+            samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            samples_per_step *= PartialState().num_processes
+            args.max_inflight_tasks = max(args.max_staleness, 1) * samples_per_step * args.steps_per_rollout_batch
         # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
@@ -229,12 +243,14 @@ class AsyncASPOTrainer(
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):
-        """TRL's dataloader; with trainer-side scoring, its fixed-count batcher reads `StepScoringDataset`."""
+        """TRL's dataloader; with trainer-side scoring, its fixed-count batcher reads `StepScoringDataset`; with the
+        loglinear proximal policy, its items and batches carry each sample's behaviour step."""
+        self._rollout_batch = None
         if not self.accelerator.is_main_process:
             return super().get_train_dataloader()
         step_size = self.args.per_device_train_batch_size * self.accelerator.num_processes
         step_size *= self.args.gradient_accumulation_steps
-        if not self.args.scores_on_trainer:
+        if not self.args.scores_on_trainer and not self._interpolates_proximal:
             dataloader = super().get_train_dataloader()
             self._log_tool_metrics_of(dataloader.dataset, step_size)
             return dataloader
@@ -245,6 +261,11 @@ class AsyncASPOTrainer(
         finally:
             self.rollout_queue = recorder.queue
         batcher = dataloader.dataset
+        if self._interpolates_proximal:
+            self._stamp_behaviour_steps(dataloader, recorder)
+        if not self.args.scores_on_trainer:
+            self._log_tool_metrics_of(batcher, step_size)
+            return dataloader
         dropped_share = None
         if self.args.filter_zero_variance_groups:
 
@@ -378,6 +399,7 @@ class AsyncASPOTrainer(
         # The tracker lives on the main process, which scores every rank's samples.
         super()._save_rng_state(output_dir)
         self._save_weight_map(output_dir)
+        self._save_rollout_batch_state(output_dir)
         if self._values is not None and self.accelerator.is_main_process:
             _, entries = self._values.checkpoint_entries()
             save_project_state(
@@ -395,5 +417,6 @@ class AsyncASPOTrainer(
         if checkpoint is None:
             return
         self._restore_weight_map(checkpoint)
+        self._restore_rollout_batch_state(checkpoint)
         if self._values is not None and self._values.restore(checkpoint) is not None:
             self._values.refresh_priorities()

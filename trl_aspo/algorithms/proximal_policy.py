@@ -13,7 +13,7 @@ the current step.
 
       log pi_prox = log pi_b + alpha (sg(log pi_theta) - log pi_b)
       alpha = 1                                                     at j = 0 (exactly `recompute`)
-      alpha = clamp((s_prox - s_b) / (s_theta - s_b), 0, 1)         at j >= 1
+      alpha = clamp((s_prox - s_b) / (s_theta - s_b), 0, 1)         at j >= 1 (s_b > s_prox counts as s_prox)
 
   so the proximal log-ratio is ``log r = (1 - alpha)(log pi_theta - log pi_b)``: under linear drift in the step it
   tracks the j steps since the batch start, while what is not drift (the engines' numeric mismatch) enters with weight
@@ -45,8 +45,9 @@ def loglinear_alpha(behaviour_steps: torch.Tensor, batch_start_step: int, step_i
     steps = behaviour_steps.to(torch.float64)
     if step_in_batch == 0:
         return torch.ones_like(steps)
-    since_behaviour = batch_start_step - steps
-    return (since_behaviour / (since_behaviour + step_in_batch)).clamp(0.0, 1.0)
+    # A version published after the batch start cannot be in it; were it, its alpha would be 0 (pi_prox = pi_b).
+    since_behaviour = (batch_start_step - steps).clamp(min=0.0)
+    return since_behaviour / (since_behaviour + step_in_batch)
 
 
 def loglinear_proximal_log_probs(

@@ -48,6 +48,7 @@ def test_the_spo_pp_recipe_config_runs(tmp_path):
 
     output_dir = tmp_path / "spo_pp"
     overrides = ["--max_steps", "2", "--builtin_train_size", "8", "--value_init_samples", "2"]
+    overrides += ["--save_strategy", "steps", "--save_steps", "2"]
     assert main(["train", "--config", "configs/spo_pp_async.yaml", "--output_dir", str(output_dir), *overrides]) == 0
     args = torch.load(output_dir / "training_args.bin", weights_only=False)
     recipe = {
@@ -67,6 +68,14 @@ def test_the_spo_pp_recipe_config_runs(tmp_path):
         "num_generations": 1,
         "temperature": 1.0,
         "top_p": 1.0,
+        "weight_decay": 0.1,
+        "ppo_dual_clip": 2.0,
+        "steps_per_rollout_batch": 2,
+        "proximal_policy": "recompute",
+        "weight_sync_steps": 2,
     }
     assert {name: getattr(args, name) for name in recipe} == recipe
+    state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
+    logs = [log for log in state["log_history"] if "loss" in log]
+    assert "ppo/dual_clip_frac_later_steps" in logs[-1] and "offpolicy/proximal_log_ratio_abs_mean" in logs[0]
     assert (output_dir / "model.safetensors").exists() and (output_dir / "training_curves.png").stat().st_size > 0

@@ -1,7 +1,8 @@
 """What the code reward's sandbox can isolate on this machine, probed once per process: namespaces (`unshare`: user,
 mount with a file system of the worker's own, PID, network, IPC and UTS), a user other than the trainer's (`nobody`,
-when the trainer is root) and a cgroup holding the whole program's process count and memory (v2
-`pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies). The warning of what is not isolated, the
+when the trainer is root), a cgroup holding the whole program's process count and memory (v2
+`pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies) and the worker's seccomp filter (libseccomp:
+keyrings and page-cache probes refused, sandbox.py `install_seccomp`). The warning of what is not isolated, the
 refusals (`require_isolation`; a root trainer without namespaces or another user unless `allow_unconfined_root`), the
 per-run cgroup and the removal of the worker's folder (`remove_tree`) live here too."""
 
@@ -32,7 +33,7 @@ NAMESPACES = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
     "--mount-proc",
 ]  # fmt: skip
-PIECES = ("namespaces", "cgroup", "user")
+PIECES = ("namespaces", "cgroup", "user", "seccomp")
 # Read once at import: a program that rewrites the package's files cannot change what later runs execute.
 SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
 # The opt-in to run model code as root with neither namespaces nor another user (issue 31 item 2), for a run that
@@ -46,6 +47,10 @@ _CONSEQUENCES = {
     "cgroup": "no cgroup ({reason}): max_processes is RLIMIT_NPROC (counted per user, not enforced for root) and "
     "memory_limit_mb is RLIMIT_AS per process, so several processes together can exceed it",
     "user": "the program runs as the trainer's user (uid {uid}){more}",
+    "seccomp": "no seccomp filter (libseccomp.so.2 cannot load, or the kernel refuses a filter): the program can "
+    "use kernel keyrings (add_key, keyctl, request_key), whose keys outlive the run and are read by a later "
+    "completion, and page-cache probes (mincore, preadv2 with RWF_NOWAIT, fadvise64, readahead, io_uring), "
+    "through which a later completion reads what an earlier one learned",
 }
 _USER_IN_NAMESPACES = (
     " outside its user namespace: it has no capability and sees only its own file system (the interpreter, the "
@@ -79,6 +84,13 @@ def sandbox_isolates_network() -> bool:
     own works (probed once per process): then programs run without network, in their own PID namespace, seeing none
     of the trainer's files."""
     return _namespaces_work(None)
+
+
+@functools.cache
+def sandbox_seccomp() -> bool:
+    """Whether the worker's seccomp filter (sandbox.py `install_seccomp`: keyrings and page-cache probes refused)
+    installs here and refuses keyctl (probed once per process, in a child: a filter cannot be removed)."""
+    return _runs([sys.executable, "-I", "-c", SANDBOX_SOURCE, "seccomp"])
 
 
 @functools.cache
@@ -320,6 +332,8 @@ def missing_isolation() -> dict[str, str]:
     if sandbox_user() is None:
         more = _USER_IN_NAMESPACES if sandbox_isolates_network() else _USER_WITHOUT_NAMESPACES
         missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid(), more=more)
+    if not sandbox_seccomp():
+        missing["seccomp"] = _CONSEQUENCES["seccomp"]
     return missing
 
 

@@ -336,7 +336,12 @@ def run_unit_tests(
             end.close()
         if not _judge_is_ready(verdict_trainer):
             return False
-        worker_payload = {"solution": solution, "limits": worker_limits, "channel_fd": channel_worker_fd}
+        worker_payload = {
+            "solution": solution,
+            "limits": worker_limits,
+            "channel_fd": channel_worker_fd,
+            "seccomp": isolation.sandbox_seccomp(),
+        }
         if not _send_all(feed, json.dumps(worker_payload).encode(), timeout):
             return False
         _wait_then_kill_group(judge, timeout)

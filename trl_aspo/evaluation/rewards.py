@@ -15,8 +15,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 
 import trl_aspo.evaluation.isolation as isolation  # as a module: not through the package, which imports this one
@@ -336,6 +338,7 @@ def run_unit_tests(
             end.close()
         if not _judge_is_ready(verdict_trainer):
             return False
+        deadline = time.monotonic() + timeout
         worker_payload = {
             "solution": solution,
             "limits": worker_limits,
@@ -344,9 +347,8 @@ def run_unit_tests(
         }
         if not _send_all(feed, json.dumps(worker_payload).encode(), timeout):
             return False
-        _wait_then_kill_group(judge, timeout)
-        _kill_group(worker, cgroup)
-        return judge.returncode == 0 and _read_verdict(verdict_trainer) == sandbox.PASS
+        _wait_for_exit(judge, deadline)
+        return _end_run(judge, worker, cgroup) and _read_verdict(verdict_trainer) == sandbox.PASS
 
 
 def _remove_folder(path: str) -> None:
@@ -419,13 +421,64 @@ def _read_verdict(verdict: socket.socket) -> bytes:
 
 
 def _kill_group(process: subprocess.Popen, cgroup) -> None:
-    """SIGKILL `process`'s group (its session) and every process of `cgroup`, then reap `process`."""
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL `process`'s group (its session) and every process of `cgroup`, then reap `process` (`_reap`)."""
+    _signal_group(process)
     if cgroup is not None:
         cgroup.kill()
-    process.wait()
+    _reap(process, time.monotonic() + _REAP_WAIT_S)
+
+
+def _signal_group(process: subprocess.Popen) -> None:
+    """SIGKILL `process`'s group (its session) while `process` is unreaped, so that the group's id cannot have been
+    reused; nothing when it was reaped already."""
+    if process.returncode is None and process not in _REAPERS:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+_REAP_WAIT_S = 2.0  # what a killed process is given to be reaped before a reaper thread takes it over
+_REAPERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # processes a reaper thread waits for
+
+
+def _reap(process: subprocess.Popen, until: float) -> bool:
+    """Wait for a killed `process` until `until` (monotonic seconds) at most; True once reaped. A process stopped
+    under a ptrace tracer that the kill did not reach (a detached grandchild, where no cgroup holds it) cannot be
+    reaped until that tracer lets go: it is handed to a daemon thread that waits for it, and False comes back, so
+    the reward still returns."""
+    if process in _REAPERS:
+        return False
+    try:
+        process.wait(max(0.0, until - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        reaper = threading.Thread(target=process.wait, name=f"aspo-reaper-{process.pid}", daemon=True)
+        _REAPERS[process] = reaper
+        reaper.start()
+        return False
+    return True
+
+
+def _end_run(judge: subprocess.Popen, worker: subprocess.Popen, cgroup) -> bool:
+    """Kill the worker's group and cgroup first (a tracer of the judge among them lets it go), then the judge's
+    group, and reap both (`_reap`: 2 s at most for the two); whether the judge exited 0. A judge that cannot be reaped
+    scores 0.0 with a RuntimeWarning: the call returns within `timeout` + 3 s in every mode (issue 45 item 3: a
+    completion that ptrace-attached to its judge and slept held a 3 s reward for 40 s)."""
+    _signal_group(worker)
+    if cgroup is not None:
+        cgroup.kill()
+    _signal_group(judge)
+    until = time.monotonic() + _REAP_WAIT_S
+    judge_reaped = _reap(judge, until)
+    _reap(worker, until)
+    if not judge_reaped:
+        warnings.warn(
+            f"code_unit_test_reward: the judge (pid {judge.pid}) could not be reaped {_REAP_WAIT_S:g} s after it was "
+            "killed (a process of the program holds it under ptrace); the completion scores 0.0 and a thread reaps "
+            "the judge once it is released",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
+    return judge.returncode == 0
 
 
 def _minimal_environment(workdir: str) -> dict[str, str]:
@@ -440,19 +493,15 @@ def _minimal_environment(workdir: str) -> dict[str, str]:
     }
 
 
-def _wait_then_kill_group(process: subprocess.Popen, timeout: float) -> None:
-    """Wait up to `timeout` seconds for `process` to exit, then SIGKILL its whole process group (its session) and
-    reap it. The group is killed while the leader is still an unreaped zombie, so its id cannot have been reused."""
-    deadline = time.monotonic() + timeout
+def _wait_for_exit(process: subprocess.Popen, deadline: float) -> None:
+    """Wait until `process` exited (without reaping it: its group is killed afterwards, under an id that cannot have
+    been reused) or `deadline` (monotonic seconds) passed."""
     pause = 0.002
     while time.monotonic() < deadline:
         if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            break
+            return
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 2, 0.05)
-    with contextlib.suppress(ProcessLookupError):  # the group is empty: nothing left to kill
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 def summed_rewards(reward_funcs: list[Callable]) -> Callable[..., list[float]]:

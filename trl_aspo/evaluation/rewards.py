@@ -129,7 +129,7 @@ def _one_reward(index: int, completion, code: str, entry: str | None, prompt, ti
         solution = _last_python_block(completion)
         if solution is None:
             return 0.0
-        helpers = prompt_helpers(prompt, entry)
+        helpers = prompt_helpers(prompt, entry, code)
         return 1.0 if run_unit_tests(solution, code, timeout, entry, helpers=helpers, **options) else 0.0
     except Exception as error:  # noqa: BLE001 -- one completion must not stop the run
         warnings.warn(
@@ -198,25 +198,55 @@ def _check_tests_call_their_check(code: str, entry_point: str | None, index: int
         )
 
 
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
-def prompt_helpers(prompt, entry_point: str | None = None) -> str:
-    """The functions a row's prompt defines in full (HumanEval/38's `encode_cyclic`, /32's `poly`), with the
-    prompt's imports, as source the judge runs before the tests: the tests then call the prompt's helper, not a
-    redefinition in the solution (a wrong `encode_cyclic`/`decode_cyclic` pair passed otherwise). A function whose
-    body is only a docstring, `pass`, `...` or `raise NotImplementedError` is the one to write, and so is
-    `entry_point`: neither is taken. The prompt is a string or chat messages; its code is the whole text where it
-    parses as Python, else its code blocks."""
-    sources = []
-    for text in _prompt_texts(prompt):
-        trees = (
-            [_parsed(text)] if _parsed(text) is not None else [_parsed(block) for block in _CODE_BLOCK.findall(text)]
-        )
-        for tree in filter(None, trees):
-            kept = [node for node in tree.body if _is_import(node) or _is_helper(node, entry_point)]
-            sources.extend(ast.unparse(node) for node in kept)
-    return "\n".join(sources)
+def prompt_helpers(prompt, entry_point: str | None = None, tests: str = "") -> str:
+    """The functions a row's prompt defines in full that are helpers of the function under test (HumanEval/38's
+    `encode_cyclic`, /32's `poly`), with the prompt's imports, as source the judge runs before the tests: the tests
+    then call the prompt's helper, not a redefinition in the solution (a wrong `encode_cyclic`/`decode_cyclic` pair
+    passed otherwise). The function under test is never taken from the prompt:
+
+    - a stub (a function whose body is only a docstring, `pass`, `...` or `raise NotImplementedError`) is the one to
+      write, and so is `entry_point`: neither is taken;
+    - without `entry_point` (the MBPP layout) and without any stub in the prompt, the prompt shows the function to
+      change ("fix the bug in this function", "rewrite it without +"): no function whose name `tests` reads is
+      taken (issue 45 item 2: a correct fix scored 0.0 and `return 42` 1.0 when the prompt's version was).
+
+    The prompt is a string or chat messages; its code is the whole text where it parses as Python, else its code
+    blocks."""
+    trees = [tree for text in _prompt_texts(prompt) for tree in _prompt_trees(text)]
+    functions = [
+        node for tree in trees for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    stubs = {node.name for node in functions if _is_stub(node)}
+    never = stubs | {entry_point}
+    if entry_point is None and not stubs:
+        never |= _names_read(tests)
+    kept = [
+        node
+        for tree in trees
+        for node in tree.body
+        if _is_import(node) or (isinstance(node, _FUNCTIONS) and node.name not in never)
+    ]
+    return "\n".join(ast.unparse(node) for node in kept)
+
+
+def _prompt_trees(text: str) -> list:
+    """The prompt text's code: the whole text where it parses as Python, else each code block that parses."""
+    whole = _parsed(text)
+    if whole is not None:
+        return [whole]
+    return [tree for tree in map(_parsed, _CODE_BLOCK.findall(text)) if tree is not None]
+
+
+def _names_read(tests: str) -> set[str]:
+    """Every name the tests read (a call, an argument, `check(candidate)`'s use of a global)."""
+    tree = _parsed(tests)
+    if tree is None:
+        return set()
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
 
 
 def _prompt_texts(prompt) -> list[str]:
@@ -242,11 +272,10 @@ def _is_import(node) -> bool:
     return isinstance(node, ast.Import) or (isinstance(node, ast.ImportFrom) and not node.level)
 
 
-def _is_helper(node, entry_point: str | None) -> bool:
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name == entry_point:
-        return False
+def _is_stub(node) -> bool:
+    """A function to write: its body (after a docstring) is only `pass`, `...` or `raise NotImplementedError`."""
     body = node.body[1:] if node.body and _is_docstring(node.body[0]) else node.body
-    return any(not _is_stub_statement(statement) for statement in body)
+    return all(_is_stub_statement(statement) for statement in body)
 
 
 def _is_docstring(statement) -> bool:

@@ -69,9 +69,10 @@ def code_unit_test_reward(
     reports the verdict to this process on a socket the worker never holds; this process scores 1.0 only when the
     judge exited 0 after writing it. The worker holds no secret: nothing it reads, writes or kills can make a
     failing solution pass. A solution that fails at import, exits, crashes, answers something that is not data or
-    does not answer by `timeout` fails. Not supported (these score 0.0): tests that use objects of
-    solution-defined classes (other than as tuples, dicts or numbers they subclass), that pass functions or other
-    non-data arguments, that expect an argument mutated in place, or that read solution globals changed by calls.
+    does not answer by `timeout` fails; the call returns within `timeout` + 3 s per completion whatever it does.
+    Not supported (these score 0.0): tests that use objects of solution-defined classes (other than as tuples,
+    dicts or numbers they subclass), that pass functions or other non-data arguments, that expect an argument
+    mutated in place, or that read solution globals changed by calls.
 
     **Isolation.** The worker runs as `python -I` in a fresh folder with a minimal environment (PATH, HOME and TMPDIR
     in that folder, LANG, one-thread BLAS), its only descriptor beyond /dev/null being its socket to the judge, in a
@@ -82,13 +83,15 @@ def code_unit_test_reward(
     its folder and /dev/shm as private tmpfs of at most `memory_limit_mb`; none of the trainer's files or Unix
     sockets), has no network, is PID 1 with every process it starts dying with it, shares no SysV IPC object with
     the machine, and keeps no capability; a cgroup created per run holding the whole program to `max_processes`
-    processes and `memory_limit_mb` of memory, whose processes are all killed after the run; and, when the trainer
-    is root, the user `nobody`. Each missing piece is named in one RuntimeWarning per process.
+    processes and `memory_limit_mb` of memory, whose processes are all killed after the run; when the trainer
+    is root, the user `nobody`; and, in every mode, a fresh session keyring and a seccomp filter refusing the
+    keyring calls and the page-cache probes (`seccomp`), so that nothing a completion leaves in the kernel reaches
+    a later one. Each missing piece is named in one RuntimeWarning per process.
     `require_isolation=True` refuses to run (RuntimeError) without namespaces; a list of "namespaces", "cgroup",
-    "user" requires those. A root trainer whose program would run as root with neither namespaces nor `nobody` is
-    refused unless `allow_unconfined_root=True` (or the environment variable TRL_ASPO_ALLOW_UNCONFINED_ROOT=1):
-    such a program can ptrace the judge. Run untrusted generations inside a container or VM as well. Program output
-    is discarded unread.
+    "user", "seccomp" requires those. A root trainer whose program would run as root with neither namespaces nor
+    `nobody` is refused unless `allow_unconfined_root=True` (or the environment variable
+    TRL_ASPO_ALLOW_UNCONFINED_ROOT=1): such a program can ptrace the judge. Run untrusted generations inside a
+    container or VM as well. Program output is discarded unread.
 
     **Never stops the run.** Whatever a completion does, its reward is a number: an exception of its run (a folder
     it left that cannot be removed, a resource it exhausted) scores 0.0 with a RuntimeWarning naming it, and its
@@ -100,7 +103,7 @@ def code_unit_test_reward(
     reaches the tests as an object whose iteration and truth value happen in the worker; deque, range, dict views,
     datetime values, OrderedDict, Counter and defaultdict cross as themselves. With `prompts` (TRL passes them),
     the functions a row's prompt defines in full (HumanEval's `encode_cyclic`) are the prompt's in the tests, not
-    the solution's redefinition (`prompt_helpers`)."""
+    the solution's redefinition; the function under test never is (`prompt_helpers`)."""
     rows = _test_rows(tests)
     entry_points = _entry_points(entry_point, len(rows))
     for index, (code, entry) in enumerate(zip(rows, entry_points, strict=True)):

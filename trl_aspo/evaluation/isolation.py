@@ -158,41 +158,53 @@ def _runs(command: list[str], cwd: str | None = None) -> bool:
 
 @dataclass(frozen=True)
 class CgroupParents:
-    """Where a run's cgroup is created: one v2 directory, or the v1 `pids` and `memory` directories."""
+    """Where a run's cgroup is created: one v2 directory, or the v1 `pids` and `memory` directories and, where this
+    process may create children there, the v1 `cpuacct` one (the run's CPU time, `RunCgroup.cpu_seconds`)."""
 
     version: int
     directories: tuple[str, ...]
+
+    @property
+    def counts_cpu(self) -> bool:
+        """Whether a run's cgroup measures its CPU time (v2 `cpu.stat`, always there; v1 `cpuacct`)."""
+        return self.version == 2 or len(self.directories) == 3
 
 
 @functools.cache
 def sandbox_cgroup() -> CgroupParents | str:
     """The cgroup parents this process may create children in (probed once), or why there are none."""
-    mounts = _mounts()
-    own = _own_cgroups()
+    found_mounts = mounts()
+    own = own_cgroups()
     reasons = []
-    for mount, kind, _options in mounts:
+    for mount, kind, _options in found_mounts:
         if kind == "cgroup2" and "" in own:
             parent = mount + own[""]
             found = _v2_parent(parent)
             if isinstance(found, CgroupParents):
                 return found
             reasons.append(found)
-    v1 = {}
-    for controller in ("pids", "memory"):
-        for mount, kind, options in mounts:
-            if kind == "cgroup" and controller in options.split(",") and controller in own:
-                v1[controller] = mount + own[controller]
-    if len(v1) == 2:
+    v1 = {controller: _v1_directory(found_mounts, own, controller) for controller in ("pids", "memory")}
+    if all(v1.values()):
         failure = next(filter(None, (_can_create_child(directory) for directory in v1.values())), None)
         if failure is None:
-            return CgroupParents(1, (v1["pids"], v1["memory"]))
+            accounting = _v1_directory(found_mounts, own, "cpuacct")
+            extra = (accounting,) if accounting and _can_create_child(accounting) is None else ()
+            return CgroupParents(1, (v1["pids"], v1["memory"], *extra))
         reasons.append(f"cgroup v1: {failure}")
     elif not reasons:
         reasons.append("no cgroup v2 with the pids and memory controllers and no v1 pids and memory hierarchies")
     return "; ".join(reasons)
 
 
-def _mounts() -> list[tuple[str, str, str]]:
+def _v1_directory(found_mounts, own: dict[str, str], controller: str) -> str | None:
+    """This process's v1 cgroup directory of `controller`, or None without that hierarchy."""
+    for mount, kind, options in found_mounts:
+        if kind == "cgroup" and controller in options.split(",") and controller in own:
+            return mount + own[controller]
+    return None
+
+
+def mounts() -> list[tuple[str, str, str]]:
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -200,7 +212,7 @@ def _mounts() -> list[tuple[str, str, str]]:
     return [(fields[1], fields[2], fields[3]) for fields in map(str.split, lines) if len(fields) >= 4]
 
 
-def _own_cgroups() -> dict[str, str]:
+def own_cgroups() -> dict[str, str]:
     """This process's cgroup path per controller ("" for v2), from /proc/self/cgroup."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -258,7 +270,7 @@ class RunCgroup:
                 self._write(self.directories[0], "memory.swap.max", 0, optional=True)
                 self._write(self.directories[0], "memory.oom.group", 1, optional=True)
             else:
-                pids, memory = self.directories
+                pids, memory = self.directories[:2]
                 self._write(pids, "pids.max", max_processes)
                 self._write(memory, "memory.limit_in_bytes", memory_bytes)
                 self._write(memory, "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
@@ -275,6 +287,28 @@ class RunCgroup:
         for directory in self.directories:
             for path in directory.iterdir():
                 os.chown(path, NOBODY, NOBODY)
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time every process of the run used so far (v2 `cpu.stat` usage_usec, v1 `cpuacct.usage`), or None
+        where the cgroup does not count it."""
+        try:
+            if self.version == 2:
+                for line in (self.directories[0] / "cpu.stat").read_text().splitlines():
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+                return None
+            if len(self.directories) == 3:
+                return int((self.directories[2] / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def pids(self) -> list[int]:
+        """The processes in the run's cgroup now."""
+        try:
+            return [int(pid) for pid in (self.directories[0] / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
 
     @property
     def procs_files(self) -> list[str]:

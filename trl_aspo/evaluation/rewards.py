@@ -20,7 +20,9 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
+import trl_aspo.evaluation.concurrency as concurrency
 import trl_aspo.evaluation.isolation as isolation  # as a module: not through the package, which imports this one
 import trl_aspo.evaluation.sandbox as sandbox
 from trl_aspo.evaluation.isolation import sandbox_isolates_network
@@ -47,6 +49,8 @@ def code_unit_test_reward(
     max_processes: int = 64,
     require_isolation=False,
     allow_unconfined_root: bool = False,
+    max_concurrency: int | None = None,
+    allow_shared_neighbours: bool = False,
     prompts=None,
     **kwargs,
 ) -> list[float]:
@@ -110,18 +114,33 @@ def code_unit_test_reward(
         _check_tests_call_their_check(code, entry, index)
     prompt_rows = [None] * len(rows) if prompts is None else list(prompts)
     isolation.check_isolation(require_isolation, allow_unconfined_root)
+    cpu_budgets = _counts_cpu()
+    limit = concurrency.process_limit(
+        max_concurrency, memory_limit_mb, cpu_budgets, isolation.sandbox_isolates_network(), allow_shared_neighbours
+    )
     options = {
+        "wall_timeout": concurrency.wall_cap(timeout, limit, cpu_budgets),
         "memory_limit_mb": memory_limit_mb,
         "file_size_limit_mb": file_size_limit_mb,
         "max_processes": max_processes,
-        "allow_unconfined_root": allow_unconfined_root,
     }
-    rewards = []
-    for index, (completion, code, entry, prompt) in enumerate(
-        zip(completions, rows, entry_points, prompt_rows, strict=True)
-    ):
-        rewards.append(_one_reward(index, completion, code, entry, prompt, timeout, options))
-    return rewards
+    jobs = list(enumerate(zip(completions, rows, entry_points, prompt_rows, strict=True)))
+
+    def judged(job) -> float:
+        index, (completion, code, entry, prompt) = job
+        with concurrency.SLOTS.slot(limit):
+            return _one_reward(index, completion, code, entry, prompt, timeout, options)
+
+    if limit == 1 or len(jobs) <= 1:
+        return [judged(job) for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="aspo-judge") as pool:
+        return list(pool.map(judged, jobs))
+
+
+def _counts_cpu() -> bool:
+    """Whether a run's timeout is its CPU time: a run's cgroup here measures it (`CgroupParents.counts_cpu`)."""
+    parents = isolation.sandbox_cgroup()
+    return isinstance(parents, isolation.CgroupParents) and parents.counts_cpu
 
 
 def _one_reward(index: int, completion, code: str, entry: str | None, prompt, timeout: float, options: dict) -> float:
@@ -133,7 +152,7 @@ def _one_reward(index: int, completion, code: str, entry: str | None, prompt, ti
         if solution is None:
             return 0.0
         helpers = prompt_helpers(prompt, entry, code)
-        return 1.0 if run_unit_tests(solution, code, timeout, entry, helpers=helpers, **options) else 0.0
+        return 1.0 if _run(solution, code, timeout, entry, helpers, **options) else 0.0
     except Exception as error:  # noqa: BLE001 -- one completion must not stop the run
         warnings.warn(
             f"code_unit_test_reward: completion {index} scored 0.0 because its run failed: "
@@ -316,9 +335,28 @@ def run_unit_tests(
     allow_unconfined_root: bool = False,
     helpers: str = "",
 ) -> bool:
-    """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward`
-    (`helpers`: source the judge runs before the tests, `prompt_helpers`)."""
+    """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward` (one
+    run: its wall-clock cap that of a run alone; `helpers`: source the judge runs before the tests,
+    `prompt_helpers`)."""
     isolation.check_isolation(require_isolation, allow_unconfined_root)
+    wall_timeout = concurrency.wall_cap(timeout, 1, _counts_cpu())
+    limits = (memory_limit_mb, file_size_limit_mb, max_processes)
+    return _run(solution, tests, timeout, entry_point, helpers, wall_timeout, *limits)
+
+
+def _run(
+    solution: str,
+    tests: str,
+    timeout: float,
+    entry_point: str | None,
+    helpers: str,
+    wall_timeout: float,
+    memory_limit_mb: int,
+    file_size_limit_mb: int,
+    max_processes: int,
+) -> bool:
+    """One run: `timeout` is the CPU time of the run's processes (its cgroup and the judge) where the cgroup counts
+    it, else wall time; `wall_timeout` ends it in any case (a sleeping program)."""
     namespaces, user = isolation.sandbox_isolates_network(), isolation.sandbox_user()
     parents = isolation.sandbox_cgroup()
     limits = {
@@ -350,7 +388,7 @@ def run_unit_tests(
             "tests": tests,
             "helpers": helpers,
             "entry_point": entry_point,
-            "timeout": timeout,
+            "timeout": wall_timeout,
             "limits": judge_limits,
             "channel_fd": channel_judge.fileno(),
             "verdict_fd": verdict_judge.fileno(),
@@ -370,16 +408,16 @@ def run_unit_tests(
             end.close()
         if not _judge_is_ready(verdict_trainer):
             return False
-        deadline = time.monotonic() + timeout
+        clock = concurrency.RunClock(timeout, wall_timeout, cgroup, judge.pid)
         worker_payload = {
             "solution": solution,
             "limits": worker_limits,
             "channel_fd": channel_worker_fd,
             "seccomp": isolation.sandbox_seccomp(),
         }
-        if not _send_all(feed, json.dumps(worker_payload).encode(), timeout):
+        if not _send_all(feed, json.dumps(worker_payload).encode(), wall_timeout):
             return False
-        _wait_for_exit(judge, deadline)
+        _wait_for_exit(judge, clock)
         return _end_run(judge, worker, cgroup) and _read_verdict(verdict_trainer) == sandbox.PASS
 
 
@@ -525,14 +563,14 @@ def _minimal_environment(workdir: str) -> dict[str, str]:
     }
 
 
-def _wait_for_exit(process: subprocess.Popen, deadline: float) -> None:
+def _wait_for_exit(process: subprocess.Popen, clock: concurrency.RunClock) -> None:
     """Wait until `process` exited (without reaping it: its group is killed afterwards, under an id that cannot have
-    been reused) or `deadline` (monotonic seconds) passed."""
+    been reused) or the run's time is up (`clock`)."""
     pause = 0.002
-    while time.monotonic() < deadline:
+    while not clock.expired():
         if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
             return
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        time.sleep(pause)
         pause = min(pause * 2, 0.05)
 
 

@@ -431,6 +431,46 @@ def check_isolation(require_isolation, allow_unconfined_root: bool = False) -> N
         )
 
 
+# What a program without namespaces leaves in the machine's shared folders --------------------------------------------
+
+# Writable by every user: without namespaces a program (as `nobody`) can leave files there that outlive its run.
+SHARED_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
+
+
+def entries_owned_by(uid: int) -> set[tuple[str, int]]:
+    """The (path, inode) of every entry directly in `SHARED_FOLDERS` that `uid` owns."""
+    found = set()
+    for folder in SHARED_FOLDERS:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    status = entry.stat(follow_symlinks=False)
+                    if status.st_uid == uid:
+                        found.add((entry.path, status.st_ino))
+    return found
+
+
+def remove_new_entries(uid: int, before: set[tuple[str, int]]) -> list[str]:
+    """Remove what `uid` owns in `SHARED_FOLDERS` that was not there in `before` (taken before the run started);
+    the paths that could not be removed. Only for a program run as a user of its own (`nobody`): entries of the
+    trainer's user cannot be told from the trainer's own."""
+    left = []
+    for path, _inode in sorted(entries_owned_by(uid) - before):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                removed = remove_tree(path)
+            else:
+                os.unlink(path)
+                removed = True
+        except FileNotFoundError:
+            removed = True
+        except OSError:
+            removed = False
+        if not removed:
+            left.append(path)
+    return left
+
+
 # Removing the worker's folder -----------------------------------------------------------------------------------
 
 _DESCEND_AT_MOST = 64  # directory levels held open at once; deeper ones are moved up first

@@ -373,10 +373,14 @@ def _run(
     with contextlib.ExitStack() as stack:
         workdir = tempfile.mkdtemp(prefix="aspo-unit-test-")
         stack.callback(_remove_folder, workdir)
+        _RUN_FOLDERS.add(workdir)
+        stack.callback(_RUN_FOLDERS.discard, workdir)
         judge_dir = tempfile.mkdtemp(prefix="aspo-unit-judge-")
         stack.callback(_remove_folder, judge_dir)
         if user is not None:
             os.chown(workdir, user, user)
+        if user is not None and not namespaces:  # after the cgroup's processes are gone (the stack unwinds in order)
+            stack.callback(_remove_shared_leftovers, user, isolation.entries_owned_by(user))
         cgroup = None
         if isinstance(parents, isolation.CgroupParents):
             cgroup = isolation.RunCgroup(parents, max_processes, memory_limit_mb * 2**20)
@@ -425,6 +429,19 @@ def _remove_folder(path: str) -> None:
     """Remove a run's folder (`isolation.remove_tree`, which never raises); a RuntimeWarning names what is left."""
     if not isolation.remove_tree(path):
         warnings.warn(f"code_unit_test_reward: could not remove {path} entirely", RuntimeWarning, stacklevel=2)
+
+
+_RUN_FOLDERS: set[str] = set()  # the folders of the runs in progress in this process (each removed by its own run)
+
+
+def _remove_shared_leftovers(user: int, before: set) -> None:
+    """Remove what the program (as `user`, without namespaces) left in the machine's /dev/shm, /tmp and /var/tmp
+    (`isolation.remove_new_entries`), but the folders of runs still in progress; a RuntimeWarning names what is
+    left."""
+    running = {entry for entry in isolation.entries_owned_by(user) if entry[0] in _RUN_FOLDERS}
+    left = isolation.remove_new_entries(user, before | running)
+    if left:
+        warnings.warn(f"code_unit_test_reward: could not remove {', '.join(left)}", RuntimeWarning, stacklevel=2)
 
 
 def _socket_pair(stack: contextlib.ExitStack) -> tuple[socket.socket, socket.socket]:

@@ -479,12 +479,20 @@ _KEYRING_CALLS = ("add_key", "keyctl", "request_key")
 # What tells whether a page of a shared file is in the page cache, or evicts or loads it: a completion evicts a file's
 # pages and touches some, a later one reads them back (issue 45 measured 64 bits, 3 of 3, with mincore).
 _PAGE_CACHE_CALLS = ("mincore", "cachestat", "io_uring_setup", "fadvise64", "readahead")
-_NOWAIT_CALLS = ("preadv2", "pwritev2")  # refused with RWF_NOWAIT only (a read that fails unless the page is cached)
-_RWF_NOWAIT = 0x8
-_FLAGS_ARGUMENT = 5  # preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
-_SYSCALL_NUMBERS = {"cachestat": 451}  # newer than some libseccomp builds; one number on every architecture
+# Per-user kernel counters a program would exhaust for every process of its uid, the trainer and the runs beside it
+# included (issue 44: one worker took all 128 of root's inotify instances).
+_COUNTER_CALLS = ("inotify_init", "inotify_init1")
+_RWF_NOWAIT, _CLONE_NEWUSER = 0x8, 0x10000000
+# (call, argument, bits): refused when the argument has any of the bits. preadv2(fd, iov, iovcnt, pos_l, pos_h,
+# flags) with RWF_NOWAIT (a read that fails unless the page is cached); a new user namespace (counted per user).
+_MASKED_CALLS = (
+    ("preadv2", 5, _RWF_NOWAIT), ("pwritev2", 5, _RWF_NOWAIT), ("clone", 0, _CLONE_NEWUSER),
+    ("unshare", 0, _CLONE_NEWUSER),
+)  # fmt: skip
+# Newer than some libseccomp builds; one number on every architecture.
+_SYSCALL_NUMBERS = {"cachestat": 451, "clone3": 435}
 _SCMP_ACT_ALLOW, _SCMP_ACT_ERRNO, _SCMP_CMP_MASKED_EQ, _SCMP_FLTATR_ACT_BADARCH = 0x7FFF0000, 0x00050000, 7, 2
-_EPERM, _KEYCTL_JOIN_SESSION_KEYRING = 1, 1
+_EPERM, _ENOSYS, _KEYCTL_JOIN_SESSION_KEYRING = 1, 38, 1
 
 
 def _libseccomp():
@@ -529,15 +537,17 @@ def _join_fresh_session_keyring(library) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_syscall_number(library, "keyctl"), _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
         error = ctypes.get_errno()
-        if error not in (_EPERM, 38):  # 38: ENOSYS
+        if error not in (_EPERM, _ENOSYS):
             raise OSError(error, f"joining a fresh session keyring: {os.strerror(error)}")
 
 
 def install_seccomp() -> None:
     """Join a fresh session keyring, then load a seccomp filter for this process and every process it starts:
-    `_KEYRING_CALLS`, `_PAGE_CACHE_CALLS` and preadv2/pwritev2 with RWF_NOWAIT fail with EPERM, and so does every
-    system call of another architecture (an i386 `int 0x80` on x86_64, which the filter's rules would not see);
-    everything else is allowed. Raises OSError when libseccomp is missing or the kernel refuses the filter."""
+    `_KEYRING_CALLS`, `_PAGE_CACHE_CALLS`, `_COUNTER_CALLS` and the `_MASKED_CALLS` with their bits fail with EPERM,
+    and so does every system call of another architecture (an i386 `int 0x80` on x86_64, which the filter's rules
+    would not see); clone3 fails with ENOSYS, so that the C library falls back to clone, whose flags a filter can
+    read (clone3's are in memory), as Docker's default profile does; everything else is allowed. Raises OSError
+    when libseccomp is missing or the kernel refuses the filter."""
     library = _libseccomp()
     _join_fresh_session_keyring(library)
     refused = _SCMP_ACT_ERRNO | _EPERM
@@ -546,12 +556,14 @@ def install_seccomp() -> None:
         raise OSError("seccomp_init failed")
     try:
         steps = [library.seccomp_attr_set(context, _SCMP_FLTATR_ACT_BADARCH, refused)]
-        for name in _KEYRING_CALLS + _PAGE_CACHE_CALLS:
+        for name in _KEYRING_CALLS + _PAGE_CACHE_CALLS + _COUNTER_CALLS:
             steps.append(library.seccomp_rule_add_array(context, refused, _syscall_number(library, name), 0, None))
-        nowait = _ArgumentTest(_FLAGS_ARGUMENT, _SCMP_CMP_MASKED_EQ, _RWF_NOWAIT, _RWF_NOWAIT)
-        for name in _NOWAIT_CALLS:
+        for name, argument, bits in _MASKED_CALLS:
+            test = _ArgumentTest(argument, _SCMP_CMP_MASKED_EQ, bits, bits)
             number = _syscall_number(library, name)
-            steps.append(library.seccomp_rule_add_array(context, refused, number, 1, ctypes.byref(nowait)))
+            steps.append(library.seccomp_rule_add_array(context, refused, number, 1, ctypes.byref(test)))
+        clone3 = _syscall_number(library, "clone3")
+        steps.append(library.seccomp_rule_add_array(context, _SCMP_ACT_ERRNO | _ENOSYS, clone3, 0, None))
         steps.append(library.seccomp_load(context))
         failed = next((step for step in steps if step != 0), None)
         if failed is not None:

@@ -186,6 +186,9 @@ def test_a_second_trainer_process_holding_a_session_keyring_is_out_of_reach(desc
     assert answer.stdout.split() == ["[1.0]"]
 
 
+ODD_TESTS = [["assert is_odd(3) == True", "assert is_odd(4) == False", "assert is_odd(5) == True"]]
+
+
 def test_a_wrong_program_cannot_learn_the_answers_through_keyrings(mode, description):
     """A wrong program submitted as a group's eight completions keeps a run counter in a key and answers the bits of
     that counter: before issue 45 the sixth run (counter 5 = 0b101, the answers True, False, True) scored 1.0."""
@@ -209,10 +212,45 @@ def test_a_wrong_program_cannot_learn_the_answers_through_keyrings(mode, descrip
         def is_odd(x):
             return bool(n >> [3, 4, 5].index(x) & 1)
     """)
-    tests = [["assert is_odd(3) == True", "assert is_odd(4) == False", "assert is_odd(5) == True"]]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        assert code_unit_test_reward([program] * 8, tests * 8, timeout=10.0) == [0.0] * 8
+        assert code_unit_test_reward([program] * 8, ODD_TESTS * 8, timeout=10.0, max_concurrency=1) == [0.0] * 8
+
+
+def test_a_wrong_program_cannot_learn_the_answers_through_the_page_cache(mode):
+    """The same learner keeping its counter in the page cache of a standard-library file (3 of its first 64 pages):
+    it reads the bits with preadv2(RWF_NOWAIT), evicts the pages with fadvise and touches the 1-bits. Both are
+    refused now, and it scores 0.0 every time. (Before issue 45 this learner did not learn reliably on the
+    development machine, whose disk cache reloaded pages: the EPERM of each receiver, above, is what fails there.)"""
+    import sysconfig
+
+    shared = os.path.join(sysconfig.get_paths()["stdlib"], "pydoc_data", "topics.py")
+    if os.path.getsize(shared) < 64 * 4096:
+        pytest.skip("no standard-library file of 64 pages here")
+    program = _program(f"""
+        import os
+        PAGES = (0, 16, 32)
+        fd = os.open({shared!r}, os.O_RDONLY)
+        def cached(page):
+            try:
+                os.preadv(fd, [bytearray(1)], page * 4096, os.RWF_NOWAIT)
+                return 1
+            except OSError:
+                return 0
+        n = sum(cached(page) << bit for bit, page in enumerate(PAGES))
+        try:
+            os.posix_fadvise(fd, 0, 64 * 4096, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        for bit, page in enumerate(PAGES):
+            if (n + 1) >> bit & 1:
+                os.pread(fd, 1, page * 4096)
+        def is_odd(x):
+            return bool(n >> [3, 4, 5].index(x) & 1)
+    """)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert code_unit_test_reward([program] * 8, ODD_TESTS * 8, timeout=10.0, max_concurrency=1) == [0.0] * 8
 
 
 def test_without_seccomp_the_piece_is_warned_and_refused_on_request(monkeypatch):

@@ -73,7 +73,7 @@ def code_unit_test_reward(
     reports the verdict to this process on a socket the worker never holds; this process scores 1.0 only when the
     judge exited 0 after writing it. The worker holds no secret: nothing it reads, writes or kills can make a
     failing solution pass. A solution that fails at import, exits, crashes, answers something that is not data or
-    does not answer by `timeout` fails; the call returns within `timeout` + 3 s per completion whatever it does.
+    does not answer in time fails; each run returns within its wall-clock bound (below) + 3 s whatever it does.
     Not supported (these score 0.0): tests that use objects of solution-defined classes (other than as tuples,
     dicts or numbers they subclass), that pass functions or other non-data arguments, that expect an argument
     mutated in place, or that read solution globals changed by calls.
@@ -96,6 +96,15 @@ def code_unit_test_reward(
     `nobody` is refused unless `allow_unconfined_root=True` (or the environment variable
     TRL_ASPO_ALLOW_UNCONFINED_ROOT=1): such a program can ptrace the judge. Run untrusted generations inside a
     container or VM as well. Program output is discarded unread.
+
+    **Concurrency** (docs/code_reward.md). A batch's completions are judged at once, verdicts in order, under one
+    limit for the whole process (every call shares it): `max_concurrency` for the node, divided by
+    `LOCAL_WORLD_SIZE`; by default `max(2, 4 x usable CPUs)` where a run's cgroup counts CPU time (else the usable
+    CPUs), capped by memory (each run charged 2 x `memory_limit_mb`); 1 judges one after another. There `timeout`
+    is the CPU time of the run's own processes (its cgroup and the judge), so spinning neighbours cannot fail a
+    correct completion, and a run also ends once the wall time passed `timeout` + 0.5 s + the time it waited for a
+    CPU, and at the latest at `timeout x ceil(concurrency / usable CPUs)` + 0.5 s. Without namespaces runs share
+    the machine's PID space and user: the limit is 1, and more is refused unless `allow_shared_neighbours=True`.
 
     **Never stops the run.** Whatever a completion does, its reward is a number: an exception of its run (a folder
     it left that cannot be removed, a resource it exhausted) scores 0.0 with a RuntimeWarning naming it, and its
@@ -239,9 +248,7 @@ def prompt_helpers(prompt, entry_point: str | None = None, tests: str = "") -> s
     The prompt is a string or chat messages; its code is the whole text where it parses as Python, else its code
     blocks."""
     trees = [tree for text in _prompt_texts(prompt) for tree in _prompt_trees(text)]
-    functions = [
-        node for tree in trees for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-    ]
+    functions = [node for tree in trees for node in tree.body if isinstance(node, _FUNCTIONS)]
     stubs = {node.name for node in functions if _is_stub(node)}
     never = stubs | {entry_point}
     if entry_point is None and not stubs:
@@ -547,8 +554,8 @@ def _reap(process: subprocess.Popen, until: float) -> bool:
 def _end_run(judge: subprocess.Popen, worker: subprocess.Popen, cgroup) -> bool:
     """Kill the worker's group and cgroup first (a tracer of the judge among them lets it go), then the judge's
     group, and reap both (`_reap`: 2 s at most for the two); whether the judge exited 0. A judge that cannot be reaped
-    scores 0.0 with a RuntimeWarning: the call returns within `timeout` + 3 s in every mode (issue 45 item 3: a
-    completion that ptrace-attached to its judge and slept held a 3 s reward for 40 s)."""
+    scores 0.0 with a RuntimeWarning: a run returns within its time (`concurrency.RunClock`) + 3 s in every mode
+    (issue 45 item 3: a completion that ptrace-attached to its judge and slept held a 3 s reward for 40 s)."""
     _signal_group(worker)
     if cgroup is not None:
         cgroup.kill()

@@ -19,6 +19,7 @@ of user where this machine allows them, `trl_aspo.evaluation.isolation`; docs/co
 
 import builtins
 import collections
+import contextlib
 import ctypes
 import datetime
 import decimal
@@ -495,8 +496,14 @@ _SCMP_ACT_ALLOW, _SCMP_ACT_ERRNO, _SCMP_CMP_MASKED_EQ, _SCMP_FLTATR_ACT_BADARCH 
 _EPERM, _ENOSYS, _KEYCTL_JOIN_SESSION_KEYRING = 1, 38, 1
 
 
+_LOADED: list = []  # libseccomp, once loaded
+
+
 def _libseccomp():
-    """libseccomp.so.2 through ctypes (installed with the OS; no maintained PyPI binding exists)."""
+    """libseccomp.so.2 through ctypes (installed with the OS; no maintained PyPI binding exists), loaded once: the
+    worker loads it before `_confine`, while the machine's libraries are all in view."""
+    if _LOADED:
+        return _LOADED[0]
     library = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     library.seccomp_init.restype = ctypes.c_void_p
     library.seccomp_init.argtypes = [ctypes.c_uint32]
@@ -507,6 +514,7 @@ def _libseccomp():
     library.seccomp_rule_add_array.argtypes = [
         ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
     ]  # fmt: skip
+    _LOADED.append(library)
     return library
 
 
@@ -591,6 +599,8 @@ def _probe() -> None:
 
 def _worker() -> None:
     if sys.argv[2:3] == ["confine"]:
+        with contextlib.suppress(OSError):  # missing: `install_seccomp` raises it where the payload asks for it
+            _libseccomp()
         _confine(int(sys.argv[3]))
     payload = _read_payload()
     if payload["seccomp"]:

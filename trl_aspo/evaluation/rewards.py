@@ -142,8 +142,11 @@ def code_unit_test_reward(
 
     if limit == 1 or len(jobs) <= 1:
         return [judged(job) for job in jobs]
-    with ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="aspo-judge") as pool:
+    pool = ThreadPoolExecutor(max_workers=min(limit, len(jobs)), thread_name_prefix="aspo-judge")
+    try:
         return list(pool.map(judged, jobs))
+    finally:  # on an interrupt (Ctrl-C), the runs not started are dropped and the running ones end in their time
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _counts_cpu() -> bool:

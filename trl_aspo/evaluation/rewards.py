@@ -346,12 +346,18 @@ def run_unit_tests(
     helpers: str = "",
 ) -> bool:
     """Whether `tests` ran to their end against `solution`, judged as described in `code_unit_test_reward` (one
-    run: its wall-clock cap that of a run alone; `helpers`: source the judge runs before the tests,
+    run, in a slot of the process-wide limit at its default; `helpers`: source the judge runs before the tests,
     `prompt_helpers`)."""
     isolation.check_isolation(require_isolation, allow_unconfined_root)
-    wall_timeout = concurrency.wall_cap(timeout, 1, _counts_cpu())
-    limits = (memory_limit_mb, file_size_limit_mb, max_processes)
-    return _run(solution, tests, timeout, entry_point, helpers, wall_timeout, *limits)
+    cpu_budgets = _counts_cpu()
+    namespaces = isolation.sandbox_isolates_network()
+    limit = concurrency.process_limit(None, memory_limit_mb, cpu_budgets, namespaces, False)
+    wall_timeout = concurrency.wall_cap(timeout, limit, cpu_budgets)
+    with concurrency.SLOTS.slot(limit):
+        return _run(
+            solution, tests, timeout, entry_point, helpers, wall_timeout, memory_limit_mb, file_size_limit_mb,
+            max_processes,
+        )  # fmt: skip
 
 
 def _run(

@@ -484,8 +484,9 @@ _PAGE_CACHE_CALLS = ("mincore", "cachestat", "io_uring_setup", "fadvise64", "rea
 # included (issue 44: one worker took all 128 of root's inotify instances).
 _COUNTER_CALLS = ("inotify_init", "inotify_init1")
 _RWF_NOWAIT, _CLONE_NEWUSER = 0x8, 0x10000000
-# (call, argument, bits): refused when the argument has any of the bits. preadv2(fd, iov, iovcnt, pos_l, pos_h,
-# flags) with RWF_NOWAIT (a read that fails unless the page is cached); a new user namespace (counted per user).
+# (call, argument, bit): refused when the argument has the bit. preadv2(fd, iov, iovcnt, pos_l, pos_h, flags) with
+# RWF_NOWAIT (a read that fails unless the page is cached); a new user namespace (counted per user; clone's flags are
+# its first argument on x86_64 and aarch64, its second on s390x, where this rule would not hold).
 _MASKED_CALLS = (
     ("preadv2", 5, _RWF_NOWAIT), ("pwritev2", 5, _RWF_NOWAIT), ("clone", 0, _CLONE_NEWUSER),
     ("unshare", 0, _CLONE_NEWUSER),

@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from trl_aspo.evaluation.rewards import code_unit_test_reward
+from trl_aspo.evaluation.rewards import code_unit_test_reward, prompt_helpers
 
 
 def _program(source: str) -> str:
@@ -201,6 +201,46 @@ def test_a_helper_the_prompt_defines_is_the_prompts_in_the_tests():
             [wrong, right], [CYCLIC_TESTS] * 2, entry_point=["decode_cyclic"] * 2, prompts=[prompt] * 2
         )
         assert rewards_ == [0.0, 1.0]
+
+
+# Issue 45 item 2: the function under test is never taken from the prompt ---------------------------------------------
+
+ADD_TESTS = ["assert add(2, 3) == 5", "assert add(-4, 4) == 0", "assert add(10, 32) == 42"]
+
+
+def test_a_function_the_prompt_asks_to_fix_is_the_solutions():
+    """MBPP layout (no entry point), a prompt that shows the function to fix and no stub: the tests call the
+    solution's `add`. Before issue 45 they called the prompt's buggy one, and the correct fix scored 0.0."""
+    prompt = "Fix the bug in this function:\n```python\ndef add(a, b):\n    return a - b\n```"
+    fix = "def add(a, b):\n    return a + b"
+    assert _rewards([fix], [ADD_TESTS], prompts=[prompt]) == [1.0]
+    assert prompt_helpers(prompt, None, "\n".join(ADD_TESTS)) == ""
+
+
+def test_a_function_the_prompt_asks_to_rewrite_is_the_solutions():
+    """ "Rewrite it without +": the prompt's `add` is correct, so taking it scored `return 42` 1.0 before issue 45."""
+    prompt = [{"role": "user", "content": "Rewrite it without +:\n```python\ndef add(a, b):\n    return a + b\n```"}]
+    wrong, right = "def add(a, b):\n    return 42", "def add(a, b):\n    return sum((a, b))"
+    assert _rewards([wrong, right], [ADD_TESTS] * 2, prompts=[prompt] * 2) == [0.0, 1.0]
+
+
+MBPP_CYCLIC_PROMPT = CYCLIC_PROMPT.replace("def decode_cyclic(s: str):", "def decode_cyclic(s: str):  # write this")
+MBPP_CYCLIC_TESTS = [
+    "assert encode_cyclic('abcdef') == 'bcaefd'",
+    "assert decode_cyclic(encode_cyclic('abcdefg')) == 'abcdefg'",
+    "assert decode_cyclic('bcaefd') == 'abcdef'",
+]
+
+
+def test_with_a_stub_in_the_prompt_its_full_functions_are_helpers_even_when_the_tests_call_them():
+    """MBPP layout with a stub `decode_cyclic` and a full `encode_cyclic` that the tests also call: the prompt's
+    `encode_cyclic` is the tests', so a wrong identity pair scores 0.0 and a right decoder 1.0."""
+    wrong = "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s"
+    right = CYCLIC_PROMPT + "    return encode_cyclic(encode_cyclic(s))\n"
+    rewards_ = _rewards([wrong, right], [MBPP_CYCLIC_TESTS] * 2, prompts=[MBPP_CYCLIC_PROMPT] * 2)
+    assert rewards_ == [0.0, 1.0]
+    helpers = prompt_helpers(MBPP_CYCLIC_PROMPT, None, "\n".join(MBPP_CYCLIC_TESTS))
+    assert "def encode_cyclic" in helpers and "decode_cyclic" not in helpers
 
 
 # Item 6: the judge's memory ------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What the code reward's sandbox can isolate on this machine, probed once per process: namespaces (`unshare`: user,
 mount with a file system of the worker's own, PID, network, IPC and UTS), a user other than the trainer's (`nobody`,
-when the trainer is root) and a cgroup holding the whole program's process count and memory (v2
-`pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies). The warning of what is not isolated, the
+when the trainer is root), a cgroup holding the whole program's process count and memory (v2
+`pids.max`/`memory.max`, or the v1 `pids` and `memory` hierarchies) and the worker's seccomp filter (libseccomp:
+keyrings and page-cache probes refused, sandbox.py `install_seccomp`). The warning of what is not isolated, the
 refusals (`require_isolation`; a root trainer without namespaces or another user unless `allow_unconfined_root`), the
 per-run cgroup and the removal of the worker's folder (`remove_tree`) live here too."""
 
@@ -32,7 +33,7 @@ NAMESPACES = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
     "--mount-proc",
 ]  # fmt: skip
-PIECES = ("namespaces", "cgroup", "user")
+PIECES = ("namespaces", "cgroup", "user", "seccomp")
 # Read once at import: a program that rewrites the package's files cannot change what later runs execute.
 SANDBOX_SOURCE = Path(__file__).with_name("sandbox.py").read_text()
 # The opt-in to run model code as root with neither namespaces nor another user (issue 31 item 2), for a run that
@@ -46,6 +47,10 @@ _CONSEQUENCES = {
     "cgroup": "no cgroup ({reason}): max_processes is RLIMIT_NPROC (counted per user, not enforced for root) and "
     "memory_limit_mb is RLIMIT_AS per process, so several processes together can exceed it",
     "user": "the program runs as the trainer's user (uid {uid}){more}",
+    "seccomp": "no seccomp filter (libseccomp.so.2 cannot load, or the kernel refuses a filter): the program can "
+    "use kernel keyrings (add_key, keyctl, request_key), whose keys outlive the run and are read by a later "
+    "completion, and page-cache probes (mincore, preadv2 with RWF_NOWAIT, fadvise64, readahead, io_uring), "
+    "through which a later completion reads what an earlier one learned",
 }
 _USER_IN_NAMESPACES = (
     " outside its user namespace: it has no capability and sees only its own file system (the interpreter, the "
@@ -79,6 +84,13 @@ def sandbox_isolates_network() -> bool:
     own works (probed once per process): then programs run without network, in their own PID namespace, seeing none
     of the trainer's files."""
     return _namespaces_work(None)
+
+
+@functools.cache
+def sandbox_seccomp() -> bool:
+    """Whether the worker's seccomp filter (sandbox.py `install_seccomp`: keyrings and page-cache probes refused)
+    installs here and refuses keyctl (probed once per process, in a child: a filter cannot be removed)."""
+    return _runs([sys.executable, "-I", "-c", SANDBOX_SOURCE, "seccomp"])
 
 
 @functools.cache
@@ -146,41 +158,53 @@ def _runs(command: list[str], cwd: str | None = None) -> bool:
 
 @dataclass(frozen=True)
 class CgroupParents:
-    """Where a run's cgroup is created: one v2 directory, or the v1 `pids` and `memory` directories."""
+    """Where a run's cgroup is created: one v2 directory, or the v1 `pids` and `memory` directories and, where this
+    process may create children there, the v1 `cpuacct` one (the run's CPU time, `RunCgroup.cpu_seconds`)."""
 
     version: int
     directories: tuple[str, ...]
+
+    @property
+    def counts_cpu(self) -> bool:
+        """Whether a run's cgroup measures its CPU time (v2 `cpu.stat`, always there; v1 `cpuacct`)."""
+        return self.version == 2 or len(self.directories) == 3
 
 
 @functools.cache
 def sandbox_cgroup() -> CgroupParents | str:
     """The cgroup parents this process may create children in (probed once), or why there are none."""
-    mounts = _mounts()
-    own = _own_cgroups()
+    found_mounts = mounts()
+    own = own_cgroups()
     reasons = []
-    for mount, kind, _options in mounts:
+    for mount, kind, _options in found_mounts:
         if kind == "cgroup2" and "" in own:
             parent = mount + own[""]
             found = _v2_parent(parent)
             if isinstance(found, CgroupParents):
                 return found
             reasons.append(found)
-    v1 = {}
-    for controller in ("pids", "memory"):
-        for mount, kind, options in mounts:
-            if kind == "cgroup" and controller in options.split(",") and controller in own:
-                v1[controller] = mount + own[controller]
-    if len(v1) == 2:
+    v1 = {controller: _v1_directory(found_mounts, own, controller) for controller in ("pids", "memory")}
+    if all(v1.values()):
         failure = next(filter(None, (_can_create_child(directory) for directory in v1.values())), None)
         if failure is None:
-            return CgroupParents(1, (v1["pids"], v1["memory"]))
+            accounting = _v1_directory(found_mounts, own, "cpuacct")
+            extra = (accounting,) if accounting and _can_create_child(accounting) is None else ()
+            return CgroupParents(1, (v1["pids"], v1["memory"], *extra))
         reasons.append(f"cgroup v1: {failure}")
     elif not reasons:
         reasons.append("no cgroup v2 with the pids and memory controllers and no v1 pids and memory hierarchies")
     return "; ".join(reasons)
 
 
-def _mounts() -> list[tuple[str, str, str]]:
+def _v1_directory(found_mounts, own: dict[str, str], controller: str) -> str | None:
+    """This process's v1 cgroup directory of `controller`, or None without that hierarchy."""
+    for mount, kind, options in found_mounts:
+        if kind == "cgroup" and controller in options.split(",") and controller in own:
+            return mount + own[controller]
+    return None
+
+
+def mounts() -> list[tuple[str, str, str]]:
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
@@ -188,7 +212,7 @@ def _mounts() -> list[tuple[str, str, str]]:
     return [(fields[1], fields[2], fields[3]) for fields in map(str.split, lines) if len(fields) >= 4]
 
 
-def _own_cgroups() -> dict[str, str]:
+def own_cgroups() -> dict[str, str]:
     """This process's cgroup path per controller ("" for v2), from /proc/self/cgroup."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
@@ -246,7 +270,7 @@ class RunCgroup:
                 self._write(self.directories[0], "memory.swap.max", 0, optional=True)
                 self._write(self.directories[0], "memory.oom.group", 1, optional=True)
             else:
-                pids, memory = self.directories
+                pids, memory = self.directories[:2]
                 self._write(pids, "pids.max", max_processes)
                 self._write(memory, "memory.limit_in_bytes", memory_bytes)
                 self._write(memory, "memory.memsw.limit_in_bytes", memory_bytes, optional=True)
@@ -263,6 +287,28 @@ class RunCgroup:
         for directory in self.directories:
             for path in directory.iterdir():
                 os.chown(path, NOBODY, NOBODY)
+
+    def cpu_seconds(self) -> float | None:
+        """The CPU time every process of the run used so far (v2 `cpu.stat` usage_usec, v1 `cpuacct.usage`), or None
+        where the cgroup does not count it."""
+        try:
+            if self.version == 2:
+                for line in (self.directories[0] / "cpu.stat").read_text().splitlines():
+                    if line.startswith("usage_usec "):
+                        return int(line.split()[1]) / 1e6
+                return None
+            if len(self.directories) == 3:
+                return int((self.directories[2] / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+        return None
+
+    def pids(self) -> list[int]:
+        """The processes in the run's cgroup now."""
+        try:
+            return [int(pid) for pid in (self.directories[0] / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
 
     @property
     def procs_files(self) -> list[str]:
@@ -320,6 +366,8 @@ def missing_isolation() -> dict[str, str]:
     if sandbox_user() is None:
         more = _USER_IN_NAMESPACES if sandbox_isolates_network() else _USER_WITHOUT_NAMESPACES
         missing["user"] = _CONSEQUENCES["user"].format(uid=os.geteuid(), more=more)
+    if not sandbox_seccomp():
+        missing["seccomp"] = _CONSEQUENCES["seccomp"]
     return missing
 
 
@@ -381,6 +429,46 @@ def check_isolation(require_isolation, allow_unconfined_root: bool = False) -> N
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+# What a program without namespaces leaves in the machine's shared folders --------------------------------------------
+
+# Writable by every user: without namespaces a program (as `nobody`) can leave files there that outlive its run.
+SHARED_FOLDERS = ("/dev/shm", "/tmp", "/var/tmp")
+
+
+def entries_owned_by(uid: int) -> set[tuple[str, int]]:
+    """The (path, inode) of every entry directly in `SHARED_FOLDERS` that `uid` owns."""
+    found = set()
+    for folder in SHARED_FOLDERS:
+        with contextlib.suppress(OSError), os.scandir(folder) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    status = entry.stat(follow_symlinks=False)
+                    if status.st_uid == uid:
+                        found.add((entry.path, status.st_ino))
+    return found
+
+
+def remove_new_entries(uid: int, before: set[tuple[str, int]]) -> list[str]:
+    """Remove what `uid` owns in `SHARED_FOLDERS` that was not there in `before` (taken before the run started);
+    the paths that could not be removed. Only for a program run as a user of its own (`nobody`): entries of the
+    trainer's user cannot be told from the trainer's own."""
+    left = []
+    for path, _inode in sorted(entries_owned_by(uid) - before):
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                removed = remove_tree(path)
+            else:
+                os.unlink(path)
+                removed = True
+        except FileNotFoundError:
+            removed = True
+        except OSError:
+            removed = False
+        if not removed:
+            left.append(path)
+    return left
 
 
 # Removing the worker's folder -----------------------------------------------------------------------------------

@@ -4,10 +4,12 @@ Roles, one source (started by `code_unit_test_reward`: the worker through `unsha
 of user where this machine allows them, `trl_aspo.evaluation.isolation`; docs/code_reward.md):
 
 - `worker` (untrusted once the solution runs): in its namespaces it first makes the file system read-only but its
-  directory and drops every capability (`_confine`); then it runs the solution and answers calls. It holds no
-  secret and decides nothing: it only receives requests `{"call": name, "args": ..., "kwargs": ...}` on its one
-  socket and answers with data.
+  directory and drops every capability (`_confine`); in every mode it then joins a fresh session keyring and loads
+  a seccomp filter refusing keyrings and page-cache probes (`install_seccomp`); then it runs the solution and
+  answers calls. It holds no secret and decides nothing: it only receives requests `{"call": name, "args": ...,
+  "kwargs": ...}` on its one socket and answers with data.
 - `probe`: whether `_confine` works here and the network is empty (the isolation probe).
+- `seccomp`: whether the worker's seccomp filter (`install_seccomp`) installs here and refuses keyctl.
 - `judge` (trusted): runs the row's tests, in which every solution name is a proxy that calls the worker across the
   socket. Arguments and results cross as data only (`encode`/`decode`: a tagged encoding of literals, never pickle),
   so no object of the solution ever exists in the judge: nothing the tests compare can be "equal to everything".
@@ -17,6 +19,8 @@ of user where this machine allows them, `trl_aspo.evaluation.isolation`; docs/co
 
 import builtins
 import collections
+import contextlib
+import ctypes
 import datetime
 import decimal
 import fractions
@@ -468,6 +472,123 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match[1], 8)), field)
 
 
+# The seccomp filter (every mode, after `_confine` and before the solution runs) --------------------------------------
+
+# Kernel objects keyed by uid outlive a run (the worker is root, or `nobody`, to the kernel): a key one completion
+# links into a user keyring is read by a later one. Refused as Docker's default seccomp profile refuses them.
+_KEYRING_CALLS = ("add_key", "keyctl", "request_key")
+# What tells whether a page of a shared file is in the page cache, or evicts or loads it: a completion evicts a file's
+# pages and touches some, a later one reads them back (issue 45 measured 64 bits, 3 of 3, with mincore).
+_PAGE_CACHE_CALLS = ("mincore", "cachestat", "io_uring_setup", "fadvise64", "readahead")
+# Per-user kernel counters a program would exhaust for every process of its uid, the trainer and the runs beside it
+# included (issue 44: one worker took all 128 of root's inotify instances).
+_COUNTER_CALLS = ("inotify_init", "inotify_init1")
+_RWF_NOWAIT, _CLONE_NEWUSER = 0x8, 0x10000000
+# (call, argument, bit): refused when the argument has the bit. preadv2(fd, iov, iovcnt, pos_l, pos_h, flags) with
+# RWF_NOWAIT (a read that fails unless the page is cached); a new user namespace (counted per user; clone's flags are
+# its first argument on x86_64 and aarch64, its second on s390x, where this rule would not hold).
+_MASKED_CALLS = (
+    ("preadv2", 5, _RWF_NOWAIT), ("pwritev2", 5, _RWF_NOWAIT), ("clone", 0, _CLONE_NEWUSER),
+    ("unshare", 0, _CLONE_NEWUSER),
+)  # fmt: skip
+# Newer than some libseccomp builds; one number on every architecture.
+_SYSCALL_NUMBERS = {"cachestat": 451, "clone3": 435}
+_SCMP_ACT_ALLOW, _SCMP_ACT_ERRNO, _SCMP_CMP_MASKED_EQ, _SCMP_FLTATR_ACT_BADARCH = 0x7FFF0000, 0x00050000, 7, 2
+_EPERM, _ENOSYS, _KEYCTL_JOIN_SESSION_KEYRING = 1, 38, 1
+
+
+_LOADED: list = []  # libseccomp, once loaded
+
+
+def _libseccomp():
+    """libseccomp.so.2 through ctypes (installed with the OS; no maintained PyPI binding exists), loaded once: the
+    worker loads it before `_confine`, while the machine's libraries are all in view."""
+    if _LOADED:
+        return _LOADED[0]
+    library = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+    library.seccomp_init.restype = ctypes.c_void_p
+    library.seccomp_init.argtypes = [ctypes.c_uint32]
+    library.seccomp_release.argtypes = [ctypes.c_void_p]
+    library.seccomp_load.argtypes = [ctypes.c_void_p]
+    library.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+    library.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    library.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+    ]  # fmt: skip
+    _LOADED.append(library)
+    return library
+
+
+class _ArgumentTest(ctypes.Structure):
+    """libseccomp's `struct scmp_arg_cmp`: argument `arg` compared by `op` with `datum_a` (and `datum_b`)."""
+
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+def _syscall_number(library, name: str) -> int:
+    number = library.seccomp_syscall_resolve_name(name.encode())
+    if number == -1:  # __NR_SCMP_ERROR: a call this libseccomp does not know by name
+        number = _SYSCALL_NUMBERS.get(name, -1)
+    if number == -1:
+        raise OSError(f"seccomp: libseccomp does not know the system call {name}")
+    return number
+
+
+def _join_fresh_session_keyring(library) -> None:
+    """keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL): a new anonymous session keyring, so that the trainer's session
+    keyring (a login's, systemd's) is not the worker's. A kernel without keys, or an outer seccomp profile that
+    already refuses keyctl (Docker's), answers ENOSYS or EPERM: then nothing can reach a keyring anyway."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_syscall_number(library, "keyctl"), _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        error = ctypes.get_errno()
+        if error not in (_EPERM, _ENOSYS):
+            raise OSError(error, f"joining a fresh session keyring: {os.strerror(error)}")
+
+
+def install_seccomp() -> None:
+    """Join a fresh session keyring, then load a seccomp filter for this process and every process it starts:
+    `_KEYRING_CALLS`, `_PAGE_CACHE_CALLS`, `_COUNTER_CALLS` and the `_MASKED_CALLS` with their bits fail with EPERM,
+    and so does every system call of another architecture (an i386 `int 0x80` on x86_64, which the filter's rules
+    would not see); clone3 fails with ENOSYS, so that the C library falls back to clone, whose flags a filter can
+    read (clone3's are in memory), as Docker's default profile does; everything else is allowed. Raises OSError
+    when libseccomp is missing or the kernel refuses the filter."""
+    library = _libseccomp()
+    _join_fresh_session_keyring(library)
+    refused = _SCMP_ACT_ERRNO | _EPERM
+    context = library.seccomp_init(_SCMP_ACT_ALLOW)
+    if not context:
+        raise OSError("seccomp_init failed")
+    try:
+        steps = [library.seccomp_attr_set(context, _SCMP_FLTATR_ACT_BADARCH, refused)]
+        for name in _KEYRING_CALLS + _PAGE_CACHE_CALLS + _COUNTER_CALLS:
+            steps.append(library.seccomp_rule_add_array(context, refused, _syscall_number(library, name), 0, None))
+        for name, argument, bits in _MASKED_CALLS:
+            test = _ArgumentTest(argument, _SCMP_CMP_MASKED_EQ, bits, bits)
+            number = _syscall_number(library, name)
+            steps.append(library.seccomp_rule_add_array(context, refused, number, 1, ctypes.byref(test)))
+        clone3 = _syscall_number(library, "clone3")
+        steps.append(library.seccomp_rule_add_array(context, _SCMP_ACT_ERRNO | _ENOSYS, clone3, 0, None))
+        steps.append(library.seccomp_load(context))
+        failed = next((step for step in steps if step != 0), None)
+        if failed is not None:
+            raise OSError(-failed, f"seccomp filter: {os.strerror(-failed)}")
+    finally:
+        library.seccomp_release(context)
+
+
+def _seccomp_probe() -> None:
+    """Exit 0 only when the filter installs here and refuses keyctl with EPERM (the isolation probe of `seccomp`)."""
+    install_seccomp()
+    libc = ctypes.CDLL(None, use_errno=True)
+    refused = libc.syscall(_syscall_number(_libseccomp(), "keyctl"), 0, -4, 0) == -1 and ctypes.get_errno() == _EPERM
+    os._exit(0 if refused else 1)
+
+
 def _probe() -> None:
     """Exit 0 only when `_confine` works here, the trainer's files are out of sight and 127.0.0.1 is unreachable (an
     empty network namespace)."""
@@ -479,8 +600,12 @@ def _probe() -> None:
 
 def _worker() -> None:
     if sys.argv[2:3] == ["confine"]:
+        with contextlib.suppress(OSError):  # missing: `install_seccomp` raises it where the payload asks for it
+            _libseccomp()
         _confine(int(sys.argv[3]))
     payload = _read_payload()
+    if payload["seccomp"]:
+        install_seccomp()
     channel = socket.socket(fileno=payload["channel_fd"])
     # A module of its own, not __main__: a correct function followed by `if __name__ == "__main__":` (input(),
     # unittest.main(), argparse) is a correct solution; registered, so that pickle (multiprocessing) finds its names.
@@ -812,13 +937,15 @@ def _main(role: str) -> None:
         _worker()
     elif role == "probe":
         _probe()
+    elif role == "seccomp":
+        _seccomp_probe()
     elif role == "judge":
         try:
             _judge()
         except BaseException:  # noqa: BLE001 -- any failure of the tests is a failing verdict
             os._exit(1)
     else:
-        raise SystemExit(f"unknown sandbox role {role!r}: expected worker, judge or probe")
+        raise SystemExit(f"unknown sandbox role {role!r}: expected worker, judge, probe or seccomp")
 
 
 if __name__ == "__main__":

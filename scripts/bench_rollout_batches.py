@@ -91,8 +91,8 @@ class NoWeightTransfer:
 
 
 def stream(model, tokenizer, prompts, batch: int, length: int, seed: int = 0):
-    """`4 * batch` samples, two per group: each prompt with a random completion of `length` tokens, the generator's log-probs the
-    policy's plus N(0, 0.1^2) noise, advantages N(0, 1)."""
+    """`4 * batch` samples, two per group: each prompt with a random completion of `length` tokens, the generator's
+    log-probs the policy's plus N(0, 0.1^2) noise, advantages N(0, 1)."""
     import numpy as np
     import torch
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample

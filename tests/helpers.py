@@ -106,6 +106,63 @@ def trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_fu
     )
 
 
+def base_fields(tmp_path, **overrides):
+    """`async_fields` for the scripted asynchronous runs: 4 samples per step in groups of 2, two steps."""
+    defaults = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
+    return async_fields(tmp_path, **{**defaults, **overrides})
+
+
+def losses(trainer):
+    """The logged loss of each optimizer step."""
+    return [log["loss"] for log in trainer.state.log_history if "loss" in log]
+
+
+def parameters(model):
+    """A detached copy of every named parameter."""
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None):
+    """One `fake_rollout_sample` per entry of `versions` (its model version), `groups_of` consecutive samples per
+    prompt: built-in task prompts, completions of 3 to 8 tokens, rewards in [0, 1]. `prompt_rows` picks each
+    sample's dataset row."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trl_aspo.builtin.task import make_dataset
+
+    policy = AutoModelForCausalLM.from_pretrained(MODEL)
+    generator = torch.Generator().manual_seed(seed)
+    dataset = make_dataset("train", len(versions), seed=seed)
+    samples = []
+    for index, version in enumerate(versions):
+        prompt = dataset[index // groups_of if prompt_rows is None else prompt_rows[index]]["prompt"]
+        length = int(torch.randint(3, 9, (1,), generator=generator))
+        samples.append(
+            fake_rollout_sample(
+                policy, tokenizer, prompt, length, generator, model_version=version, group_id=index // groups_of
+            )
+        )
+    return samples
+
+
+def scripted_trainer(trainer_class, args, tokenizer, samples):
+    """`trainer_class` on the built-in checkpoint, trained on `samples` replayed by a `ScriptedWorker`."""
+    from trl_aspo.builtin.task import correctness_reward, make_dataset
+    from trl_aspo.infra import install_cpu_fallbacks
+
+    install_cpu_fallbacks()
+    return trainer_class(
+        MODEL,
+        reward_funcs=correctness_reward,
+        args=args,
+        train_dataset=make_dataset("train", 8, seed=0),
+        processing_class=tokenizer,
+        rollout_worker=ScriptedWorker(samples),
+        weight_transfer=NoWeightTransfer(),
+    )
+
+
 class ScriptedWorker:
     """`RolloutWorkerProtocol` replaying fixed samples: both trainers of a comparison see exactly the same stream."""
 

@@ -11,9 +11,12 @@ from helpers import (
     MODEL,
     NoWeightTransfer,
     ScriptedWorker,
-    async_fields,
+    base_fields,
     calculator_tokenizer,
-    fake_rollout_sample,
+    losses,
+    parameters,
+    scripted_samples,
+    scripted_trainer,
     trainer_with_local_worker,
 )
 
@@ -26,59 +29,12 @@ def tokenizer():
     return calculator_tokenizer()
 
 
-def base_fields(tmp_path, **overrides):
-    defaults = dict(per_device_train_batch_size=4, num_generations=2, max_steps=2, max_inflight_tasks=1)
-    return async_fields(tmp_path, **{**defaults, **overrides})
-
-
 def make_trainer(trainer_class, args, tokenizer, jitter_s=0.0):
     from helpers import digit_share_reward
 
     dataset = make_dataset("train", 32, seed=0)
     reward_funcs = [correctness_reward, digit_share_reward]
     return trainer_with_local_worker(trainer_class, args, tokenizer, dataset, reward_funcs, jitter_s=jitter_s)
-
-
-def losses(trainer):
-    return [log["loss"] for log in trainer.state.log_history if "loss" in log]
-
-
-def parameters(model):
-    return {name: param.detach().clone() for name, param in model.named_parameters()}
-
-
-def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None):
-    """One `fake_rollout_sample` per entry of `versions` (its model version), `groups_of` consecutive samples per
-    prompt: built-in task prompts, completions of 3 to 8 tokens, rewards in [0, 1]. `prompt_rows` picks each
-    sample's dataset row."""
-    from transformers import AutoModelForCausalLM
-
-    policy = AutoModelForCausalLM.from_pretrained(MODEL)
-    generator = torch.Generator().manual_seed(seed)
-    dataset = make_dataset("train", len(versions), seed=seed)
-    samples = []
-    for index, version in enumerate(versions):
-        prompt = dataset[index // groups_of if prompt_rows is None else prompt_rows[index]]["prompt"]
-        length = int(torch.randint(3, 9, (1,), generator=generator))
-        samples.append(
-            fake_rollout_sample(
-                policy, tokenizer, prompt, length, generator, model_version=version, group_id=index // groups_of
-            )
-        )
-    return samples
-
-
-def scripted_trainer(trainer_class, args, tokenizer, samples):
-    install_cpu_fallbacks()
-    return trainer_class(
-        MODEL,
-        reward_funcs=correctness_reward,
-        args=args,
-        train_dataset=make_dataset("train", 8, seed=0),
-        processing_class=tokenizer,
-        rollout_worker=ScriptedWorker(samples),
-        weight_transfer=NoWeightTransfer(),
-    )
 
 
 def test_everything_off_computes_what_async_grpo_computes(tmp_path, tokenizer):

@@ -8,8 +8,18 @@ import math
 
 import pytest
 import torch
-from helpers import async_fields, calculator_tokenizer, fixed_policy, packed_inputs, trainer_with_local_worker
-from test_async_trainer import base_fields, losses, parameters, scripted_samples, scripted_trainer
+from helpers import (
+    async_fields,
+    base_fields,
+    calculator_tokenizer,
+    fixed_policy,
+    losses,
+    packed_inputs,
+    parameters,
+    scripted_samples,
+    scripted_trainer,
+    trainer_with_local_worker,
+)
 
 from trl_aspo.trainers.rollout_batches import PROXIMAL_KEY, SEGMENT_STEP_KEY
 

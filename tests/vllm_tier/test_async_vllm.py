@@ -158,3 +158,33 @@ def test_a_server_serving_another_model_name_is_refused_by_name(vllm_server, tmp
     )
     with pytest.raises(ValueError, match=f"asks for '{copy}': start the server with `--model {copy}`"):
         trainer.train()
+
+
+def test_trl_worker_rollout_batches_move_the_proximal_ratio(vllm_server, tmp_path):
+    """TRL's worker with the decoupled objective, rollout batches of two steps under `loglinear` (its samples carry
+    their version's publication step) and TRL's PPO loss with the dual clip: the proximal ratio is 1 on each batch's
+    first step and moves on its second."""
+    trainer = _trainer(
+        tmp_path,
+        vllm_server.url,
+        max_steps=4,
+        logging_steps=1,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        loss_type="ppo",
+        ppo_dual_clip=2.0,
+        tool_shaping=False,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=2.0,
+        steps_per_rollout_batch=2,
+        proximal_policy="loglinear",
+    )
+    trainer.train()
+    moved_ratio = _logged(trainer, "offpolicy/proximal_log_ratio_abs_mean")
+    assert len(moved_ratio) == 4
+    assert moved_ratio[0] == 0.0 and moved_ratio[2] == 0.0
+    assert moved_ratio[1] > 0.0 and moved_ratio[3] > 0.0
+    assert len(_logged(trainer, "ppo/dual_clip_frac_later_steps")) == 2
+    alphas = _logged(trainer, "offpolicy/proximal_alpha_mean")
+    assert alphas[0] == 1.0 and alphas[2] == 1.0 and all(0.0 <= alpha < 1.0 for alpha in alphas[1::2])

@@ -174,11 +174,13 @@ class TrainingStopped(Exception):
 def run_until_interrupted(argv: list[str], parsed, functions: tuple[list, list] | None = None) -> None:
     """`run` a parsed command line. Stopped on one of `stop_signals` (`GracefulStop`): print one line naming the
     checkpoint written at the stop and the command that resumes from it (main process only) and exit with
-    `EXIT_STOPPED` (75), skipping the final `save_model`, the "after" evaluation and the plot. On a Ctrl-C that stops
+    `EXIT_STOPPED` (75), skipping the final `save_model`, the "after" evaluation and the plot. A non-finite step
+    (`NonFiniteStepError`, raised before it reached the weights): its message, exit 1. On a Ctrl-C that stops
     at once (the second, or any with `stop_signals: []`): the same line with the latest checkpoint, exit 130, the
     shell's code for SIGINT. Neither prints a traceback."""
     from trl_aspo.infra.stop_signals import EXIT_STOPPED
     from trl_aspo.trainers.resume import interrupt_message
+    from trl_aspo.trainers.step_guard import NonFiniteStepError
 
     config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
     main_process = os.environ.get("RANK", "0") == "0"
@@ -194,6 +196,10 @@ def run_until_interrupted(argv: list[str], parsed, functions: tuple[list, list] 
             step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
             print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    except NonFiniteStepError as error:
+        if main_process:
+            print(f"\ntrl-aspo train: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
     except TrainingStopped as stop:
         if main_process:
             stopped = f"Stopped on {stop.signal_name} at step {stop.step} ({stop.boundary})"

@@ -807,10 +807,14 @@ class ASPOFieldsMixin:
 
     skip_nonfinite_grad_steps: bool = OPTIMIZATION.field(
         False,
-        help="Skip an optimizer step whose gradient norm is not finite (NaN or inf), as the ASPO reference (verl) "
-        "does: weights and optimizer moments stay as they were, the learning-rate schedule still advances, "
-        "and `optim/skipped_nonfinite_step` logs the share of skipped steps. The norm is the global one, so "
-        "every rank skips alike. Not under DeepSpeed, which steps inside the backward pass (refused).",
+        help="A step whose loss (any micro-batch, any rank) or global gradient norm is not finite never reaches the "
+        "weights. False: the run stops before optimizer.step(), with weights and optimizer state untouched and a "
+        "message naming the step, the raw loss values and where the value appeared (the batch, the policy loss "
+        "or KL term, or the first parameter with a non-finite gradient). True: the step is skipped, as the ASPO "
+        "reference (verl) does: weights and optimizer moments stay as they were, the learning-rate schedule still "
+        "advances, `optim/nonfinite_loss_steps` counts the skipped steps and `optim/skipped_nonfinite_step` logs "
+        "their share. Every rank decides alike. Under DeepSpeed, which steps inside the backward pass, the loss is "
+        "checked before it (a non-finite gradient is not caught there) and True is refused.",
         independent="acts on every optimizer step of either trainer, whatever else is set",
     )
 

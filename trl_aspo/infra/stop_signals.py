@@ -77,7 +77,8 @@ class StopRequest:
 
     def restore(self) -> None:
         for number, previous in self.previous.items():
-            signal.signal(number, previous)
+            # None: a handler installed outside Python (faulthandler.register), which Python cannot reinstall.
+            signal.signal(number, signal.SIG_DFL if previous is None else previous)
         self.previous = {}
 
     def handle(self, signum, frame) -> None:

@@ -139,7 +139,9 @@ class GracefulStopMixin:
     it returns or raises (a callback's `on_train_end` is skipped by an exception)."""
 
     def train(self, *args, **kwargs):
-        stops = [callback for callback in self.callback_handler.callbacks if isinstance(callback, GracefulStop)]
+        # A trainer built without Trainer.__init__ (a test's bare one) has no callbacks yet.
+        handler = getattr(self, "callback_handler", None)
+        stops = [callback for callback in getattr(handler, "callbacks", []) if isinstance(callback, GracefulStop)]
         for stop in stops:
             stop.begin(self)
         try:

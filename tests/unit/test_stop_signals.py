@@ -147,3 +147,34 @@ def test_the_handlers_are_opt_in_in_the_python_api_and_restored_after_train(tmp_
     build([Watch(), stop]).train()
     assert seen[0] == before and seen[1] == stop.request.handle
     assert signal.getsignal(signal.SIGTERM) == before and stop.stopped is None
+
+
+def test_a_process_that_reaches_no_boundary_within_stop_grace_s_exits_75_naming_the_latest_checkpoint(tmp_path):
+    """A hung training loop (here: sleeping after the signal): the timer started by the first signal ends the process
+    stop_grace_s later with status 75, without a new checkpoint, naming the latest complete one."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    (tmp_path / "checkpoint-4").mkdir()  # cut short by a kill: no trainer_state.json
+    script = f"""
+import os, signal, time
+from types import SimpleNamespace
+from trl_aspo.trainers.graceful_stop import GracefulStop
+args = SimpleNamespace(stop_signals=None, stop_at="round", stop_grace_s=0.5, enable_jit_checkpoint=False,
+                       output_dir={str(tmp_path)!r})
+stop = GracefulStop()
+stop.begin(SimpleNamespace(args=args, accelerator=SimpleNamespace(is_main_process=True)))
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert time.monotonic() - started < 25
+    assert (
+        "No stop boundary within stop_grace_s=0.5 s: exited without a new checkpoint; latest complete checkpoint: "
+        f"{tmp_path / 'checkpoint-2'}"
+    ) in result.stderr

@@ -234,7 +234,12 @@ def launch_forwarding_signals(words: list[str], stop_signals, grace_s: float, ex
     try:
         thread.start()
         while thread.is_alive():
-            thread.join(timeout=0.2)
+            try:
+                thread.join(timeout=0.2)
+            except KeyboardInterrupt:  # SIGINT is not among stop_signals: stop at once, as accelerate would
+                forward(signal.SIGINT, again=True)
+                request.signum = request.signum or signal.SIGINT
+                request.since = request.since or time.monotonic()
             if request.signum is None:
                 continue
             forward(request.signum)  # processes started after the signal

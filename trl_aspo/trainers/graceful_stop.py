@@ -128,7 +128,8 @@ class GracefulStop(TrainerCallback):
         if self.trainer is None or not self.at_boundary():
             return
         signum = self.agreed_signal()
-        if signum:
+        # At max_steps the loop ends anyway: the run finishes as usual (final save_model included), not as a stop.
+        if signum and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
             self.stopped = (signal.Signals(signum).name, state.global_step, self.boundary_name())

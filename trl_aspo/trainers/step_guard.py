@@ -101,16 +101,22 @@ class NonFiniteStepGuardMixin:
         if self.is_deepspeed_enabled:
             self._step_records = []
             return grad_norm
-        losses = torch.cat([loss for loss, _, _ in self._step_records]) if self._step_records else None
-        bad_loss = (~torch.isfinite(losses)).any().float() if losses is not None else torch.zeros(())
+        device = self.accelerator.device
+        records = getattr(self, "_step_records", [])
+        losses = torch.cat([loss.to(device) for loss, _, _ in records]) if records else None
+        bad_loss = (~torch.isfinite(losses)).any().float() if losses is not None else torch.zeros((), device=device)
         if self.accelerator.num_processes > 1:
-            bad_loss = self.accelerator.reduce(bad_loss.to(self.accelerator.device), reduction="sum")
-        finite = math.isfinite(float(grad_norm)) and not bad_loss.item()
+            bad_loss = self.accelerator.reduce(bad_loss, reduction="sum")
+        # One host synchronization per optimizer step reads the global norm and every rank's loss flag together.
+        norm = grad_norm if isinstance(grad_norm, torch.Tensor) else torch.tensor(float(grad_norm))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2 may hand a DTensor
+        norm_value, bad = torch.stack([norm.detach().float().to(device).reshape(()), bad_loss.reshape(())]).tolist()
+        finite = math.isfinite(norm_value) and not bad
         skipping = getattr(self.args, "skip_nonfinite_grad_steps", False)
         if skipping:
             self._metrics["train"]["optim/skipped_nonfinite_step"].append(0.0 if finite else 1.0)
         if not finite:
-            message = self._nonfinite_message(model, float(grad_norm))
+            message = self._nonfinite_message(model, norm_value)
             model.zero_grad(set_to_none=True)
             if not skipping:
                 self._step_records = []

@@ -1,6 +1,7 @@
-"""A preempted `trl-aspo train` (issue 43 item 1), in real processes: SIGTERM or SIGUSR1 sent to the launcher, with
-`--num_processes 2` and with a one-process `--accelerate_config`, synchronous and asynchronous. The run stops at the
-first boundary after the signal with a checkpoint there, prints the resume command and exits 75; that command
+"""A preempted `trl-aspo train` (issue 43 item 1), in real processes: SIGTERM to a `--num_processes 2` launch
+(synchronous), SIGUSR1 (synchronous) and SIGTERM (asynchronous) to a one-process `--accelerate_config` launch; the
+asynchronous trainer's local worker runs in one process only, so it has no two-process case on CPU. The run stops
+at the first boundary after the signal with a checkpoint there, prints the resume command and exits 75; that command
 reaches `max_steps`. With `steps_per_generation: 2` and the signal mid-round, the resumed synchronous run ends with
 the uninterrupted run's weights, bit for bit (`torch.equal`): the checkpoint is at a round boundary, where a resumed
 run draws, generates and trains what the uninterrupted one did."""

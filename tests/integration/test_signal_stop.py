@@ -22,7 +22,7 @@ import yaml
 CLI = [sys.executable, "-m", "trl_aspo.cli.main", "train"]
 EXIT_STOPPED = 75
 
-# 4 optimizer steps; the synchronous rounds are 2 steps long, the asynchronous rollout batches 1 step.
+# 4 optimizer steps; the synchronous rounds and the asynchronous rollout batches are 2 steps long.
 COMMON = {
     "env": {"TOKENIZERS_PARALLELISM": "false"},
     "model_name_or_path": "builtin:tiny-calculator",
@@ -55,7 +55,15 @@ COMMON = {
     "seed": 0,
 }
 SYNC = {**COMMON, "steps_per_generation": 2, "prioritized_sampling": True, "beta": 0.0}
-ASYNC = {**COMMON, "trainer": "async", "rollout_worker": "local", "token_budget": 0, "max_staleness": 2}
+# Rollout batches of 2 optimizer steps: the signal after step 1 stops at step 2, the batch's end.
+ASYNC = {
+    **COMMON,
+    "trainer": "async",
+    "rollout_worker": "local",
+    "token_budget": 0,
+    "max_staleness": 2,
+    "steps_per_rollout_batch": 2,
+}
 ONE_PROCESS = {
     "compute_environment": "LOCAL_MACHINE",
     "distributed_type": "NO",

@@ -222,14 +222,17 @@ def launch_forwarding_signals(words: list[str], stop_signals, grace_s: float, ex
         return 0
     request = StopRequest(numbers, on_first=forward, on_second=lambda: forward(signal.SIGINT, again=True))
     thread = threading.Thread(target=launch, name="accelerate launch", daemon=True)
-    # torchrun warns, in a thread, that nothing forwards signals to its processes (this function does), and reports
-    # a stop's exit status 75 as a failure.
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
-        lambda record: (
-            "running on a child thread" not in record.getMessage()
-            and not (request.signum is not None and f"exitcode: {EXIT_STOPPED}" in record.getMessage())
-        )
-    )
+
+    # torchrun warns, in a thread, that nothing forwards signals to its processes (this function does); after a stop
+    # it reports the status 75 as a failure and SIGTERMs the processes still exiting (each has written its part of
+    # the checkpoint before any exits).
+    def quiet(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        stopping = request.signum is not None and (f"exitcode: {EXIT_STOPPED}" in text or "closing signal" in text)
+        return "running on a child thread" not in text and not stopping
+
+    torchrun_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torchrun_logger.addFilter(quiet)
     request.install("trl-aspo train")
     try:
         thread.start()
@@ -252,6 +255,7 @@ def launch_forwarding_signals(words: list[str], stop_signals, grace_s: float, ex
                 return EXIT_STOPPED
     finally:
         request.restore()
+        torchrun_logger.removeFilter(quiet)
     if "error" in outcome:
         status = failed_processes_status(outcome["error"])
         if request.signum is None or status is None:

@@ -16,7 +16,7 @@ Layers, each a package whose imports point down only (checked by tests/unit/test
 import warnings
 
 __version__ = "0.1.0"
-__all__ = ["ASPOConfig", "ASPOTrainer", "AsyncASPOConfig", "AsyncASPOTrainer", "__version__"]
+__all__ = ["ASPOConfig", "ASPOTrainer", "AsyncASPOConfig", "AsyncASPOTrainer", "GracefulStop", "__version__"]
 
 # Imported on first use: they load torch and TRL (the async ones TRL's experimental package), which the `trl-aspo`
 # command's help and configuration checks never need.
@@ -25,6 +25,7 @@ _LAZY = {
     "ASPOTrainer": "trl_aspo.trainers.aspo_trainer",
     "AsyncASPOConfig": "trl_aspo.config.async_config",
     "AsyncASPOTrainer": "trl_aspo.trainers.async_aspo_trainer",
+    "GracefulStop": "trl_aspo.trainers.graceful_stop",
 }
 
 # TRL 1.16 calls transformers' renamed gradient-checkpointing API (`gradient_checkpointing` ->

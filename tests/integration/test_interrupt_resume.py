@@ -45,8 +45,12 @@ def cli_env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_resumes(tmp_path):
-    """Started in one folder with a relative config and output_dir, resumed from another folder by the printed
+def test_ctrl_c_after_a_checkpoint_stops_at_a_round_boundary_prints_the_resume_command_and_that_command_resumes(
+    tmp_path,
+):
+    """Ctrl-C (one SIGINT) stops at the next generation-round boundary with a checkpoint there and exits 75
+    (`stop_signals`, issue 43; before, it exited 130 at once and lost every step since the last save_steps one).
+    Started in one folder with a relative config and output_dir, resumed from another folder by the printed
     command (before, its relative paths made it exit 2 there: `--config ...: no such file`)."""
     first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
     (first / "configs").mkdir(parents=True)
@@ -74,14 +78,19 @@ def test_ctrl_c_after_a_checkpoint_prints_the_resume_command_and_that_command_re
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=120)
 
-    assert process.returncode == 130, stderr[-3000:]
+    assert process.returncode == 75, stderr[-3000:]
     assert "Traceback" not in stdout + stderr
     last_line = stderr.strip().splitlines()[-1]
-    match = re.fullmatch(r"Interrupted at step (\d+); latest checkpoint (\S+)\. Resume with: (.* train .*)", last_line)
+    match = re.fullmatch(
+        r"Stopped on SIGINT at step (\d+) \(a generation-round boundary\); latest checkpoint (\S+)\. Resume with: "
+        r"(.* train .*)",
+        last_line,
+    )
     assert match, last_line
     step, checkpoint, command = int(match[1]), match[2], match[3]
-    assert 2 <= step < 12 and os.path.dirname(checkpoint) == str(output_dir)
-    assert re.fullmatch(r"checkpoint-\d+", os.path.basename(checkpoint)) and int(checkpoint.rsplit("-", 1)[1]) <= step
+    # The quickstart's rounds are steps_per_generation=2 optimizer steps long: the stop's checkpoint is the step.
+    assert 2 < step < 12 and step % 2 == 0 and checkpoint == str(output_dir / f"checkpoint-{step}")
+    assert not (output_dir / "model.safetensors").exists()  # the final save_model is skipped
     # The command runs as printed (this interpreter with -m trl_aspo.cli.main: the run was started that way), every
     # path absolute.
     config = str(first / "configs" / "quickstart.yaml")

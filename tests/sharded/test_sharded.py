@@ -576,3 +576,31 @@ def test_offpolicy_aspo_steps_under_sharding_are_the_equations_update(out_dir, l
     assert torch.cat(second_passes["flipped"]).max() > 1e-3
     assert torch.cat(second_passes["hard_clip_pos"]).max() > 1.0
     assert max(unflipped_errors) > 3e-3
+
+
+def test_a_nan_loss_on_one_rank_under_zero2_stops_every_rank_before_the_backward_pass(tmp_path):
+    """DeepSpeed steps its optimizer inside the backward pass, so the loss is checked before it, the flag summed over
+    ranks (issue 43 item 4): rank 1's NaN loss alone stops both ranks at step 1, naming it, with no checkpoint
+    written; the run ends (no rank waits in a collective the other left)."""
+    _require_deepspeed("zero2")
+    _build_deepspeed_op()
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "trl_aspo.cli.main", "train", "--accelerate_config",
+        str(CONFIGS / "deepspeed_zero2.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+        "--main_process_port", str(_free_port()), "--config", "configs/smoke.yaml", "--use_cpu", "true",
+        "--output_dir", str(output_dir), "--evaluate_before_after", "false", "--plot", "false",
+        "--plugins", "nonfinite_losses", "--loss_type", "nan_on_rank_1", "--save_strategy", "steps",
+        "--save_steps", "1", "--skip_nonfinite_grad_steps", "false",
+    ]  # fmt: skip
+    python_path = os.pathsep.join(
+        filter(None, [str(TESTS_DIR / "integration" / "workers"), os.environ.get("PYTHONPATH")])
+    )
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT, env={**env, "PYTHONPATH": python_path}
+    )
+    assert result.returncode != 0
+    assert "Optimizer step 1 (checked before DeepSpeed's backward pass, which steps the optimizer)" in result.stderr
+    assert "rank 1: loss nan (in the policy loss (loss_type='nan_on_rank_1'))" in result.stderr, result.stderr[-3000:]
+    assert not any(path.name.startswith("checkpoint-") for path in output_dir.glob("*"))

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
+import signal
 import sys
 import textwrap
+import time
 
 LAUNCH_FLAGS = {
     "--num_processes": True,
@@ -104,9 +108,9 @@ def cpu_launch(launch: list[str], values: dict) -> list[str]:
 def train(argv: list[str]) -> int:
     # Help and the configuration checks import neither torch nor TRL: they answer in a moment (see cli_config).
     from trl_aspo.cli.config_errors import ConfigurationError, report
-    from trl_aspo.cli.run_checks import check_train_command_line, existing_checkpoints_warning
+    from trl_aspo.cli.run_checks import check_train_command_line, existing_checkpoints_warning, output_dir
     from trl_aspo.cli.train_help import train_help
-    from trl_aspo.trainers.resume import RELAUNCH_ENV, cli_command
+    from trl_aspo.trainers.resume import RELAUNCH_ENV, cli_command, interrupt_message
 
     launch, script_args = split_launch_args(argv)
     if "-h" in script_args or "--help" in script_args:
@@ -142,21 +146,140 @@ def train(argv: list[str]) -> int:
 
         refuse_local_worker_with_processes(int(launch[launch.index("--num_processes") + 1]), script_args)
     launch = cpu_launch(launch, values)
+    # The processes' resume command (printed on a stop) starts the run the way this one was started; torchrun gives
+    # a process that outlives a failed one stop_grace_s to exit. accelerate hands its processes this process's
+    # environment; set only for the launch, so no later run in this interpreter inherits it.
+    environment = {
+        RELAUNCH_ENV: json.dumps([*cli_command(), "train", *launch_words(argv)]),
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(values.get("stop_grace_s", DEFAULT_STOP_GRACE_S))),
+    }
+    previous = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    try:
+        return launch_forwarding_signals(
+            [*launch, "-m", "trl_aspo.cli.train", *script_args],
+            values.get("stop_signals"),
+            values.get("stop_grace_s", DEFAULT_STOP_GRACE_S),
+            lambda head: interrupt_message(script_args, output_dir(values), None, head),
+        )
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# ASPOConfig.stop_grace_s's default (this module does not import the config, which loads TRL).
+DEFAULT_STOP_GRACE_S = 300.0
+# How long past stop_grace_s the launcher waits before it kills the processes: each one's own timer ends it at
+# stop_grace_s, with its message, unless it hangs where Python cannot run (a collective whose peer died).
+LAUNCHER_MARGIN_S = 10.0
+
+
+def launch_forwarding_signals(words: list[str], stop_signals, grace_s: float, expired_message) -> int:
+    """`accelerate launch words`, with `trl-aspo train` as the process that handles `stop_signals`; the exit status.
+
+    accelerate's launchers are run in a thread, where they install no signal handler (its one-process launcher
+    would kill its child 5 s after a SIGTERM and die of SIGUSR1; torchrun forwards neither SIGUSR1 nor a stop that
+    waits). The main thread forwards the first stop signal once to every training process (its direct children that
+    run trl_aspo.cli.train; torchrun starts them in their own sessions, so a terminal's Ctrl-C reaches them only so),
+    and to any that starts after it; a SIGINT 1 s or more later is forwarded again (the processes then stop at once,
+    exit 130); other repeats are ignored. The processes' own status is returned (75 for a stop with a checkpoint).
+    If they still run `LAUNCHER_MARGIN_S` past `stop_grace_s`, they are killed and `expired_message(head)` printed."""
+    import threading
+
+    import psutil
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    # The processes' resume command (printed on Ctrl-C) starts the run the way this one was started. accelerate
-    # hands its processes this process's environment; set only for the launch, so no later run in this
-    # interpreter inherits it.
-    previous = os.environ.get(RELAUNCH_ENV)
-    os.environ[RELAUNCH_ENV] = json.dumps([*cli_command(), "train", *launch_words(argv)])
+    from trl_aspo.infra.stop_signals import EXIT_STOPPED, StopRequest, note, signal_numbers
+
+    outcome: dict = {}
+
+    def launch() -> None:
+        try:
+            launch_command(launch_command_parser().parse_args(words))
+            outcome["status"] = 0
+        except SystemExit as error:
+            outcome["status"] = error.code if isinstance(error.code, int) else 1
+        except BaseException as error:  # handed to the main thread, which raises it as before
+            outcome["error"] = error
+
+    signalled: set[int] = set()
+
+    def forward(signum: int, again: bool = False) -> None:
+        for child in psutil.Process().children():
+            try:
+                if "trl_aspo.cli.train" in child.cmdline() and (again or child.pid not in signalled):
+                    child.send_signal(signum)
+                    signalled.add(child.pid)
+            except psutil.NoSuchProcess:
+                continue
+
+    numbers = signal_numbers(stop_signals)
+    if not numbers:  # stop_signals: [] leaves the signals to accelerate's launchers, as without trl-aspo
+        launch_command(launch_command_parser().parse_args(words))
+        return 0
+    request = StopRequest(numbers, on_first=forward, on_second=lambda: forward(signal.SIGINT, again=True))
+    thread = threading.Thread(target=launch, name="accelerate launch", daemon=True)
+
+    # torchrun warns, in a thread, that nothing forwards signals to its processes (this function does); after a stop
+    # it reports the status 75 as a failure and SIGTERMs the processes still exiting (each has written its part of
+    # the checkpoint before any exits).
+    def quiet(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        stopping = request.signum is not None and (f"exitcode: {EXIT_STOPPED}" in text or "closing signal" in text)
+        return "running on a child thread" not in text and not stopping
+
+    torchrun_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torchrun_logger.addFilter(quiet)
+    request.install("trl-aspo train")
     try:
-        launch_command(launch_command_parser().parse_args([*launch, "-m", "trl_aspo.cli.train", *script_args]))
+        thread.start()
+        while thread.is_alive():
+            try:
+                thread.join(timeout=0.2)
+            except KeyboardInterrupt:  # SIGINT is not among stop_signals: stop at once, as accelerate would
+                forward(signal.SIGINT, again=True)
+                request.signum = request.signum or signal.SIGINT
+                request.since = request.since or time.monotonic()
+            if request.signum is None:
+                continue
+            forward(request.signum)  # processes started after the signal
+            if time.monotonic() - request.since > grace_s + LAUNCHER_MARGIN_S:
+                for child in psutil.Process().children(recursive=True):
+                    child.kill()
+                thread.join(timeout=30)
+                head = f"No stop boundary within stop_grace_s={grace_s:g} s: killed, without a new checkpoint"
+                note(expired_message(head))
+                return EXIT_STOPPED
     finally:
-        if previous is None:
-            os.environ.pop(RELAUNCH_ENV, None)
-        else:
-            os.environ[RELAUNCH_ENV] = previous
-    return 0
+        request.restore()
+        torchrun_logger.removeFilter(quiet)
+    if "error" in outcome:
+        status = failed_processes_status(outcome["error"])
+        if request.signum is None or status is None:
+            raise outcome["error"]
+        return status
+    return outcome["status"]
+
+
+def failed_processes_status(error: BaseException) -> int | None:
+    """The exit status of the training processes a launcher's error reports (the first failed one's; killed by a
+    signal: 128 + its number, as a shell reports it), else None."""
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(error, subprocess.CalledProcessError):
+        status = error.returncode
+    elif isinstance(error, ChildFailedError):
+        # The main process's: it wrote the checkpoint and printed the resume command (torchrun may have ended the
+        # others once it exited).
+        status = error.failures.get(0, next(iter(error.failures.values()))).exitcode
+    else:
+        return None
+    return 128 - status if status < 0 else status
 
 
 def main(argv: list[str] | None = None) -> int:

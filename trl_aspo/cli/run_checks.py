@@ -75,6 +75,13 @@ def check_train_command_line(argv: list[str]) -> tuple[dict[str, Any], str, dict
     # An option out of its range is refused for that alone (the config checks ranges before dependencies).
     unbounded = {name: value for name, value in values.items() if name not in out_of_range}
     problems += dependency_problems(unbounded, fields, table["dependencies"].get(trainer, []))
+    if values.get("enable_jit_checkpoint") and values.get("stop_signals") != []:
+        problems.append(
+            "enable_jit_checkpoint: true installs transformers' own SIGTERM handler, and trl-aspo train stops on "
+            f"stop_signals ({values.get('stop_signals') or 'TERM, USR1, INT by default'}); one handler only: remove "
+            "enable_jit_checkpoint (the stop_signals checkpoint holds what a save_steps one does), or set "
+            "stop_signals: [] to keep transformers'"
+        )
     try:
         resolve_resume_checkpoint(values.get("resume_from_checkpoint"), output_dir(values), values.get("max_steps"))
     except ValueError as error:

@@ -156,30 +156,57 @@ def sharded_launch_on_cpu(training_args) -> str | None:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
+    """A second Ctrl-C during `trainer.train()`: a KeyboardInterrupt that knows the optimizer step it stopped at."""
 
     def __init__(self, step: int):
         super().__init__(step)
         self.step = step
 
 
+class TrainingStopped(Exception):
+    """`trainer.train()` stopped on one of `stop_signals` at `step`, with a checkpoint there."""
+
+    def __init__(self, signal_name: str, step: int, boundary: str):
+        super().__init__(signal_name, step)
+        self.signal_name, self.step, self.boundary = signal_name, step, boundary
+
+
 def run_until_interrupted(argv: list[str], parsed, functions: tuple[list, list] | None = None) -> None:
-    """`run` a parsed command line; on Ctrl-C print one line naming the latest checkpoint and the command that
-    resumes from it (main process only) and exit with status 130, the shell's code for SIGINT, without a traceback."""
+    """`run` a parsed command line. Stopped on one of `stop_signals` (`GracefulStop`): print one line naming the
+    checkpoint written at the stop and the command that resumes from it (main process only) and exit with
+    `EXIT_STOPPED` (75), skipping the final `save_model`, the "after" evaluation and the plot. A non-finite step
+    (`NonFiniteStepError`, raised before it reached the weights): its message, exit 1. On a Ctrl-C that stops
+    at once (the second, or any with `stop_signals: []`): the same line with the latest checkpoint, exit 130, the
+    shell's code for SIGINT. Neither prints a traceback."""
+    from trl_aspo.infra.stop_signals import EXIT_STOPPED
     from trl_aspo.trainers.resume import interrupt_message
+    from trl_aspo.trainers.step_guard import NonFiniteStepError
 
     config = argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+    main_process = os.environ.get("RANK", "0") == "0"
     try:
         trainer = run(
             *parsed,
             functions=functions,
             config_name=os.path.splitext(os.path.basename(config))[0] if config else None,
+            stop_message=lambda head: interrupt_message(argv, parsed[1].output_dir, None, head),
         )
     except KeyboardInterrupt as interrupt:
-        if os.environ.get("RANK", "0") == "0":
+        if main_process:
             step = interrupt.step if isinstance(interrupt, TrainingInterrupted) else None
             print(f"\n{interrupt_message(argv, parsed[1].output_dir, step)}", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    except NonFiniteStepError as error:
+        if main_process:
+            print(f"\ntrl-aspo train: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+    except TrainingStopped as stop:
+        if main_process:
+            stopped = f"Stopped on {stop.signal_name} at step {stop.step} ({stop.boundary})"
+            print(
+                f"\n{interrupt_message(argv, parsed[1].output_dir, stop.step, stopped)}", file=sys.stderr, flush=True
+            )
+        raise SystemExit(EXIT_STOPPED) from None
     # A gloo group left for interpreter exit aborts a process now and then ("terminate called without an active
     # exception", 11 of 60 two-process gloo runs here, none of 40 with it), failing a run that trained and saved.
     trainer.accelerator.end_training()
@@ -219,14 +246,18 @@ def run(
     callbacks: list | None = None,
     functions: tuple[list, list] | None = None,
     config_name: str | None = None,
+    stop_message=None,
 ):
     """Train, save the model and return the trainer; `callbacks` replace transformers' progress bar when given;
     `functions` are the (reward_funcs, tools) `resolve_functions` returned, resolved here when not given;
-    `config_name` titles the training curves (default: the output folder's name).
+    `config_name` titles the training curves (default: the output folder's name); `stop_message` is
+    `GracefulStop`'s `expired_message`.
 
-    `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`; Ctrl-C during training raises
-    `TrainingInterrupted` with the step it stopped at."""
+    `resume_from_checkpoint: true` resumes from the latest checkpoint of `output_dir`. One of `stop_signals` during
+    training raises `TrainingStopped` once the stop checkpoint is written (`GracefulStop`); a Ctrl-C that stops at
+    once raises `TrainingInterrupted` with the step it stopped at."""
     from trl_aspo.cli.progress import MetricProgressCallback
+    from trl_aspo.trainers.graceful_stop import GracefulStop
     from trl_aspo.trainers.resume import resolve_resume_checkpoint, skipped_checkpoints_note
 
     if not model_args.model_name_or_path:
@@ -271,6 +302,10 @@ def run(
     if training_args.max_steps <= 0 or getattr(trainer, "epoch_stop_groups", None) is not None:
         trainer.accelerator.print(training_length_message(trainer, train_dataset))
     use_console_progress(trainer, callbacks)
+    stop = None
+    if training_args.stop_signals != []:  # None: the default signals
+        stop = GracefulStop(stop_message)
+        trainer.add_callback(stop)
     report = None
     if script_args.evaluate_before_after:
         from trl_aspo.evaluation.report import BeforeAfterReport
@@ -301,6 +336,11 @@ def run(
             if isinstance(callback, MetricProgressCallback):
                 callback.close()
         raise TrainingInterrupted(trainer.state.global_step) from None
+    if stop is not None and stop.stopped is not None:
+        # Every rank has written its share of the checkpoint before any of them exits.
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.end_training()
+        raise TrainingStopped(*stop.stopped)
     trainer.save_model(training_args.output_dir)
     trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
     if report is not None:

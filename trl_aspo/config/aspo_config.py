@@ -117,6 +117,14 @@ def _valid_tool_call_pattern(config, name: str) -> None:
             ) from None
 
 
+# The signals `stop_signals` may name (catchable ones a scheduler or a user sends; KILL and STOP cannot be caught).
+STOP_SIGNAL_NAMES = ("TERM", "USR1", "USR2", "INT", "HUP", "QUIT")
+
+
+def _known_stop_signals(config) -> bool:
+    return config.stop_signals is None or all(name in STOP_SIGNAL_NAMES for name in config.stop_signals)
+
+
 def _registered_loss(config) -> bool:
     return get_policy_loss(config.loss_type) is not None
 
@@ -229,6 +237,11 @@ SINGLE_STREAM = Section(
 PRIORITIZED = Section("Prioritized sampling", "Prompts drawn by the value tracker's estimates (spo/spo++ only).")
 OPTIMIZATION = Section("Optimization", "How the learning-rate schedule and the optimizer are stepped.")
 LOGGING = Section("Logging", "What is logged besides TRL's metrics.")
+STOPPING = Section(
+    "Stopping on a signal",
+    "How a run stops when its job is preempted or reaches its time limit (docs/resuming.md#stopping-on-a-signal): "
+    "`trl-aspo train` installs the handlers; in the Python API they are opt-in (`trl_aspo.GracefulStop`).",
+)
 
 
 class _SingleCompletion(int):
@@ -794,11 +807,55 @@ class ASPOFieldsMixin:
 
     skip_nonfinite_grad_steps: bool = OPTIMIZATION.field(
         False,
-        help="Skip an optimizer step whose gradient norm is not finite (NaN or inf), as the ASPO reference (verl) "
-        "does: weights and optimizer moments stay as they were, the learning-rate schedule still advances, "
-        "and `optim/skipped_nonfinite_step` logs the share of skipped steps. The norm is the global one, so "
-        "every rank skips alike. Not under DeepSpeed, which steps inside the backward pass (refused).",
+        help="A step whose loss (any micro-batch, any rank) or global gradient norm is not finite never reaches the "
+        "weights. False: the run stops before optimizer.step(), with weights and optimizer state untouched and a "
+        "message naming the step, the raw loss values and where the value appeared (the batch, the policy loss "
+        "or KL term, or the first parameter with a non-finite gradient). True: the step is skipped, as the ASPO "
+        "reference (verl) does: weights and optimizer moments stay as they were, the learning-rate schedule still "
+        "advances, `optim/nonfinite_loss_steps` counts the skipped steps and `optim/skipped_nonfinite_step` logs "
+        "their share. Every rank decides alike. Under DeepSpeed, which steps inside the backward pass, the loss is "
+        "checked before it (a non-finite gradient is not caught there) and True is refused.",
         independent="acts on every optimizer step of either trainer, whatever else is set",
+    )
+
+    # --- Stopping on a signal -------------------------------------------------------------------------------------
+    stop_signals: list[str] | None = STOPPING.field(
+        None,
+        help="Signals that stop the run gracefully: each process finishes its optimizer step, every rank agrees on "
+        "the stop at the next stop_at boundary, a checkpoint is saved there and the run exits with status 75 "
+        "after printing the command that resumes it. Names without 'SIG' among "
+        f"{', '.join(STOP_SIGNAL_NAMES)}. None = TERM, USR1, INT; [] = none (a signal then acts "
+        "as without trl-aspo). Only a SIGINT at least 1 s after the first signal stops at once (exit 130); "
+        "repeated signals are ignored.",
+        checks=(
+            Check(_known_stop_signals, f"each entry must be one of {STOP_SIGNAL_NAMES}", alone=True),
+            Check(
+                lambda c: not (c.enable_jit_checkpoint and c.stop_signals),
+                "transformers' enable_jit_checkpoint=True installs its own SIGTERM handler; one handler only: set "
+                "enable_jit_checkpoint=False (the stop_signals checkpoint holds what a save_steps one does) or "
+                "stop_signals=[] to keep transformers'",
+                alone=True,
+            ),
+        ),
+        independent="acts only when a stop signal arrives, in either trainer",
+    )
+    stop_at: str = STOPPING.field(
+        "round",
+        help="Where a signalled run stops: 'round' = the first optimizer step that ends a generation round "
+        "(steps_per_generation x num_iterations micro-batches; the asynchronous trainer: a rollout batch, "
+        "steps_per_rollout_batch steps), whose checkpoint resumes exactly as the uninterrupted run continues; "
+        "'step' = the end of the current optimizer step, whose checkpoint resumes as a mid-round one does (TRL "
+        "starts a fresh round there, so the runs part).",
+        choices=("round", "step"),
+        independent="acts only when a stop signal arrives",
+    )
+    stop_grace_s: float = STOPPING.field(
+        300.0,
+        help="Seconds a signalled run may take to reach its stop boundary, save and exit; past them it exits "
+        "without a new checkpoint (status 75), naming the latest complete one (`trl-aspo train`'s launcher kills "
+        "processes still running then). Must lie in (0, 86400].",
+        bound=Bound(0, 86400, low_open=True),
+        independent="acts only when a stop signal arrives",
     )
 
     # --- Logging ------------------------------------------------------------------------------------------------

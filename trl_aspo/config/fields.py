@@ -296,6 +296,10 @@ _TYPE_CHECKS = {
     "int": (lambda value: isinstance(value, int) and not isinstance(value, bool), "an integer"),
     "float": (_is_number, "a finite number"),
     "str": (lambda value: isinstance(value, str), "a string"),
+    "list[str]": (
+        lambda value: isinstance(value, list | tuple) and all(isinstance(item, str) for item in value),
+        "a list of names",
+    ),
     "list[float]": (
         lambda value: isinstance(value, list | tuple) and all(_is_number(item) for item in value),
         "a list of finite numbers",

@@ -29,6 +29,7 @@ from trl_aspo.config.aspo_config import ASPOConfig
 from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.citations import model_card_paper
+from trl_aspo.trainers.graceful_stop import GracefulStopMixin
 from trl_aspo.trainers.grpo_arguments import as_aspo_config, with_overlong_penalty
 from trl_aspo.trainers.grpo_loss import DRAW_PREFIX, GRPOLossMixin, action_mask
 from trl_aspo.trainers.grpo_prepass import GRPOValuePrepassMixin
@@ -51,7 +52,12 @@ from trl_aspo.values.single_stream import dataset_prompt_keys, tracker_rewards, 
 
 
 class ASPOTrainer(
-    TiedWeightsCheckpointMixin, NonFiniteStepGuardMixin, GRPOValuePrepassMixin, GRPOLossMixin, GRPOTrainer
+    TiedWeightsCheckpointMixin,
+    GracefulStopMixin,
+    NonFiniteStepGuardMixin,
+    GRPOValuePrepassMixin,
+    GRPOLossMixin,
+    GRPOTrainer,
 ):
     """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
     advantage shaping (`tool_shaping=True`) and single-stream value tracking (`advantage_estimator="spo"|"spo++"`).

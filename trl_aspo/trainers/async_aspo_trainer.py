@@ -48,6 +48,7 @@ from trl_aspo.infra.step_batches import (
 )
 from trl_aspo.infra.vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
 from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
+from trl_aspo.trainers.graceful_stop import GracefulStopMixin
 from trl_aspo.trainers.local_worker_resume import LocalWorkerResumeMixin
 from trl_aspo.trainers.project_state import save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
@@ -70,6 +71,7 @@ def _conversation_id(sample) -> tuple[int, str] | object:
 
 class AsyncASPOTrainer(
     TiedWeightsCheckpointMixin,
+    GracefulStopMixin,
     NonFiniteStepGuardMixin,
     LocalWorkerResumeMixin,
     AsyncGRPOLossMixin,

@@ -257,11 +257,12 @@ def with_absolute_paths(argv: list[str], output_dir: str) -> list[str]:
     return words if has_output_dir else [*words, "--output_dir", os.path.abspath(output_dir)]
 
 
-def interrupt_message(argv: list[str], output_dir: str, step: int | None) -> str:
-    """The one line a Ctrl-C'd run prints: where it stopped (`step`, None before training), the checkpoint it can
-    resume from and the command that does, with absolute paths (`with_absolute_paths`) so that it runs from any
-    folder."""
-    stopped = "Interrupted" if step is None else f"Interrupted at step {step}"
+def interrupt_message(argv: list[str], output_dir: str, step: int | None, stopped: str | None = None) -> str:
+    """The one line a stopped run prints: where it stopped (`stopped`, else "Interrupted at step `step`", `step` None
+    before training), the checkpoint it can resume from and the command that does, with absolute paths
+    (`with_absolute_paths`) so that it runs from any folder."""
+    if stopped is None:
+        stopped = "Interrupted" if step is None else f"Interrupted at step {step}"
     checkpoint = latest_checkpoint(output_dir)
     if checkpoint is None:
         return (

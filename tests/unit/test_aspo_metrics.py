@@ -96,9 +96,13 @@ def test_asynchronous_trainer_logs_window_ratios():
     from trl_aspo import AsyncASPOTrainer
 
     trainer = _stub()
+    # A batch's first step (steps_per_rollout_batch 1): each metric once, under its own name.
+    trainer.steps_per_rollout_batch, trainer._step_in_batch = 1, 0
+    trainer._append_step_metrics = lambda values: AsyncASPOTrainer._append_step_metrics(trainer, values)
     for stats, mask in MICRO_BATCHES:
         AsyncASPOTrainer._log_loss_metrics(trainer, ASPO, stats, mask, torch.full(mask.shape, 2.0))
     metrics = trainer._metrics["train"]
     for name, value in EXPECTED.items():
         assert _reduce_metric(name, metrics[name]) == pytest.approx(value), name
     assert _reduce_metric("policy_loss", metrics["policy_loss"]) == pytest.approx(2.0)
+    assert not any(name.endswith("_later_steps") for name in metrics)

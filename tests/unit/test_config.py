@@ -90,6 +90,7 @@ WRONG_VALUES = {
     "float": [[1.0], "0.5", True, float("inf"), float("nan"), None],
     "str": [5, ["a"], True, None],
     "list[float]": [5, [0.0, "1"], [0.0, float("inf")]],
+    "list[str]": [5, "TERM", ["TERM", 15]],
 }
 
 

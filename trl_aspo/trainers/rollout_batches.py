@@ -97,10 +97,9 @@ class RolloutBatchMixin:
     # ---------------------------------------------------------------- the batch
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         k = self.steps_per_rollout_batch
-        step = self.state.global_step
         if k == 1:
-            self._batch_start_step, self._step_in_batch = step, 0
             return super().get_batch_samples(epoch_iterator, num_batches, device)
+        step = self.state.global_step
         if not self._rollout_batch:
             steps = max(1, min(k, self.state.max_steps - step)) if self.state.max_steps > 0 else k
             fetched = []

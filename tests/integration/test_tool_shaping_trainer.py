@@ -42,23 +42,33 @@ def used_tool_reward(completions, **kwargs) -> list[float]:
 def independent_detection(batch: dict, tokenizer) -> list[tuple[int, int, int]]:
     """(position, length, calls) per completion from the decoded text of its action tokens, without the detector.
 
-    Each action token is decoded on its own; the first call starts in the token whose text contains the first
-    character of the opener.
+    Each action token is decoded on its own and the action tokens are split into turns at the tool responses
+    (tool_mask 0); a turn followed by a tool response holds one call that ran (issue 45), which starts in the token
+    whose text contains the first character of the turn's last opener.
     """
     rows = []
-    action = batch["completion_mask"].bool() & batch["tool_mask"].bool()
-    for ids, keep in zip(batch["completion_ids"].tolist(), action.tolist(), strict=True):
-        pieces = [
-            tokenizer.decode([token], skip_special_tokens=False) for token, k in zip(ids, keep, strict=True) if k
-        ]
-        text = "".join(pieces)
-        start, end, position = text.find(OPENER), 0, -1
-        for index, piece in enumerate(pieces):
-            end += len(piece)
-            if start >= 0 and end > start:
-                position = index
-                break
-        rows.append((position, len(pieces), text.count(OPENER)))
+    real = batch["completion_mask"].bool().tolist()
+    for ids, keep, tools in zip(batch["completion_ids"].tolist(), real, batch["tool_mask"].tolist(), strict=True):
+        turns, current, action_index = [], [], 0  # per turn: [(action index, piece)], followed by a response
+        for token, k, tool in zip(ids, keep, tools, strict=True):
+            if k and tool:
+                current.append((action_index, tokenizer.decode([token], skip_special_tokens=False)))
+                action_index += 1
+            elif k and current:
+                turns.append((current, True))
+                current = []
+        turns.append((current, False))
+        calls = []
+        for pieces, answered in turns:
+            text = "".join(piece for _, piece in pieces)
+            if answered and OPENER in text:
+                start, end = text.rfind(OPENER), 0
+                for index, piece in pieces:
+                    end += len(piece)
+                    if end > start:
+                        calls.append(index)
+                        break
+        rows.append((calls[0] if calls else -1, action_index, len(calls)))
     return rows
 
 

@@ -93,11 +93,8 @@ class ASPOTrainer(
             reward_funcs, args = with_overlong_penalty(reward_funcs, args)
         with cpu_weight_sync(args.use_vllm):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        warn_if_tool_shaping_runs_no_tools(
-            args,
-            "tools=, environment_factory= or rollout_func",
-            bool(self.tools) or self.environment_factories is not None or self.rollout_func is not None,
-        )
+        runs_tools = bool(self.tools) or self.environment_factories is not None or self.rollout_func is not None
+        warn_if_tool_shaping_runs_no_tools(args, "tools=, environment_factory= or rollout_func", runs_tools)
         if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
             raise ValueError(
                 "ASPOConfig.prioritized_sampling needs a map-style `datasets.Dataset`: an iterable dataset streams "
@@ -112,7 +109,9 @@ class ASPOTrainer(
         self._values = ValueTracking.start(
             args, self.train_dataset, asynchronous=False, accelerator=self.accelerator, forward=self._visit_forward
         )
-        self._tool_calls = ToolCallCounter(self._tokenizer, args.tool_call_opener, args.tool_call_pattern)
+        self._tool_calls = ToolCallCounter(
+            self._tokenizer, args.tool_call_opener, args.tool_call_pattern, tools_run=runs_tools
+        )
         self._pipeline = AdvantagePipeline(args)
         check_correct_reward_name(args, self.reward_func_names, "the reward functions are")
         self._aspo_kl_coef = self.beta

@@ -139,7 +139,7 @@ class AsyncASPOTrainer(
         self._tool_calls = None
         if runs_tools or self.args.tool_shaping or self.args.tool_call_pattern is not None:
             self._tool_calls = ToolCallCounter(
-                self.processing_class, self.args.tool_call_opener, self.args.tool_call_pattern
+                self.processing_class, self.args.tool_call_opener, self.args.tool_call_pattern, tools_run=runs_tools
             )
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
         if self.args.scores_on_trainer:

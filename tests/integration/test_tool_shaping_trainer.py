@@ -397,3 +397,53 @@ def test_evaluate_command_directory_without_a_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["evaluate", "--model", str(tmp_path)])
     assert "could not load a causal LM" in capsys.readouterr().err
+
+
+def _turns_batch(tokenizer, rows: list[list[tuple[str, bool]]]) -> dict[str, torch.Tensor]:
+    """TRL's right-padded batch of completions given as (text, written by the model) segments: tool_mask 0 on the
+    tool responses, padded with 1; completion_mask 0 on padding."""
+    encoded = []
+    for segments in rows:
+        ids, tools = [], []
+        for text, by_model in segments:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids, tools = ids + piece, tools + [int(by_model)] * len(piece)
+        encoded.append((ids, tools))
+    width = max(len(ids) for ids, _ in encoded)
+    batch = {
+        "completion_ids": torch.full((len(rows), width), tokenizer.pad_token_id),
+        "completion_mask": torch.zeros((len(rows), width), dtype=torch.long),
+        "tool_mask": torch.ones((len(rows), width), dtype=torch.long),
+    }
+    for row, (ids, tools) in enumerate(encoded):
+        batch["completion_ids"][row, : len(ids)] = torch.tensor(ids)
+        batch["completion_mask"][row, : len(ids)] = 1
+        batch["tool_mask"][row, : len(ids)] = torch.tensor(tools)
+    return batch
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call><|im_end|>'
+RESPONSE = "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_trainer_counts_only_calls_whose_tool_ran(tiny_tokenizer, tiny_model, calculator_dataset, tiny_config):
+    """Issue 45 item 5, in the synchronous trainer's tools/* and shaping statistics: a bare opener before the answer
+    is not a call; a call followed by its tool response is, at its own position."""
+    trainer = ASPOTrainer(
+        tiny_model,
+        [correctness_reward],
+        tiny_config(tool_shaping=True),
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+        tools=[calculator],
+    )
+    rows = [
+        [("<tool_call>The answer is 6.<|im_end|>", True)],
+        [("I will use the calculator.", True), (CALL, True), (RESPONSE, False), ("The answer is 6.<|im_end|>", True)],
+    ]
+    stats = trainer._tool_statistics(_turns_batch(tiny_tokenizer, rows))
+    prefix = len(tiny_tokenizer.encode("I will use the calculator.", add_special_tokens=False))
+    assert stats[:, 0].tolist() == [-1, prefix]
+    assert stats[:, 2].tolist() == [0, 1]
+    assert trainer._metrics["train"]["tools/calls_per_completion"] == [0.5]
+    assert trainer._metrics["train"]["tools/first_call_position"] == [float(prefix)]

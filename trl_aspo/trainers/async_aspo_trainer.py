@@ -38,6 +38,7 @@ from trl_aspo.infra.prompt_stream import (
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
+from trl_aspo.infra.sample_checks import CheckedRolloutQueue
 from trl_aspo.infra.step_batches import (
     RecordingQueue,
     StepCallbackDataset,
@@ -87,6 +88,7 @@ class AsyncASPOTrainer(
     # Defaults for a trainer built without this __init__, as TRL's own tests build one (TrainingArguments only).
     _micro_batches_of_step = 0
     _values: ValueTracking | None = None
+    _logprob_dropped_groups = 0
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -146,6 +148,11 @@ class AsyncASPOTrainer(
             self._start_rollout_tracking()
         self._warned_untracked_samples = False
         self._micro_batches_of_step = 0
+        # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.
+        if self.rollout_queue is not None:
+            self.rollout_queue = CheckedRolloutQueue(
+                self.rollout_queue, self._drop_group_for_logprobs, self.args.num_generations, _conversation_id
+            )
         self._start_weight_map()
 
     @property
@@ -347,6 +354,12 @@ class AsyncASPOTrainer(
         self._trained_groups.add(sample.group_id)
         return True
 
+    def _drop_group_for_logprobs(self, group_id: int) -> None:
+        """A group `CheckedRolloutQueue` dropped for its generator log-probs: consumed for resume, as a zero-variance
+        group is (`_filtered_out`), and counted in `offpolicy/dropped_groups`."""
+        self._trained_groups.add(group_id)
+        self._logprob_dropped_groups += 1
+
     def _correctness_scores(self, samples) -> torch.Tensor | None:
         """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""
         name = self.args.tool_shaping_correct_reward
@@ -370,6 +383,8 @@ class AsyncASPOTrainer(
         self._micro_batches_of_step += 1
         if self._micro_batches_of_step == self.args.gradient_accumulation_steps:
             self._micro_batches_of_step = 0
+            self._metrics["train"]["offpolicy/dropped_groups"].append(float(self._logprob_dropped_groups))
+            self._logprob_dropped_groups = 0
             if self._values is not None:
                 self._values.step_trained()
         return loss

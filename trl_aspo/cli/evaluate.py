@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,9 @@ from trl_aspo.cli.value_checks import missing_path_problem
 DEFAULT_MODEL = "builtin:tiny-calculator"
 MULTICALL_MODEL = "builtin:tiny-multicall"
 PROG = "trl-aspo evaluate"
+# Completions per problem: every completion's tokens, messages and record are held until the evaluation ends, so a
+# count far beyond what avg@k / pass@k need (10^9 measured) runs the machine out of memory before anything is written.
+MAX_NUM_SAMPLES = 10_000
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
 # a CPU run (placed before the user's flags, which still win).
@@ -155,6 +160,24 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def write_results(output: Path, written: dict[str, Any]) -> bool:
+    """Write the evaluation's JSON to `output`; whether it was written. On failure (a full disk, /dev/full, a folder
+    that cannot be made) the evaluation is done already: its JSON goes to stdout rather than being lost, and stderr
+    names the path and the error."""
+    # `default=str` keeps the dump alive for tool results or dataset columns that JSON cannot represent.
+    text = json.dumps(json_ready(written), indent=2, default=str) + "\n"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+    except OSError as error:
+        sys.stdout.write(text)
+        print(
+            f"{PROG}: could not write --output {str(output)!r}: {error}; the results are on stdout.", file=sys.stderr
+        )
+        return False
+    return True
+
+
 def format_table(metrics: dict[str, Any]) -> str:
     """A two-column markdown table of the summary metrics (n/a where a metric is undefined, e.g. no call)."""
     k = metrics["num_samples"]
@@ -193,14 +216,21 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.num_samples is not None and args.num_samples < 1:
-        parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
+    if args.num_samples is not None and not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
+        parser.error(
+            f"--num_samples must be in [1, {MAX_NUM_SAMPLES}] (every completion is kept in memory until the end), "
+            f"got {args.num_samples}"
+        )
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
-    if args.temperature is not None and args.temperature < 0:
-        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
+        parser.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not math.isfinite(args.success_threshold):
+        parser.error(
+            f"--success_threshold must be a finite number (a reward >= it is a success), got {args.success_threshold}"
+        )
     config_args = ["--config", args.config] if args.config else []
     try:
         problems = [missing_path_problem("--model", args.model)]
@@ -288,9 +318,8 @@ def main(argv: list[str]) -> int:
         written["records"] = records
 
     output = Path(args.output) if args.output else default_output(args.model)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    # `default=str` keeps the dump alive for tool results or dataset columns that JSON cannot represent.
-    output.write_text(json.dumps(json_ready(written), indent=2, default=str) + "\n")
+    if not write_results(output, written):
+        return 1
     print(
         f"\n{args.model} on {script_args.dataset_name} [{split}], {results['num_problems']} problems x "
         f"{num_samples} sample(s), temperature {temperature}:\n{format_table(results)}\n\nWritten to {output}."

@@ -88,7 +88,7 @@ class AsyncASPOTrainer(
     # Defaults for a trainer built without this __init__, as TRL's own tests build one (TrainingArguments only).
     _micro_batches_of_step = 0
     _values: ValueTracking | None = None
-    _logprob_dropped_groups = 0
+    _logprob_dropped_groups: int | None = None  # counted where samples are read (the main process)
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -150,6 +150,7 @@ class AsyncASPOTrainer(
         self._micro_batches_of_step = 0
         # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.
         if self.rollout_queue is not None:
+            self._logprob_dropped_groups = 0
             self.rollout_queue = CheckedRolloutQueue(
                 self.rollout_queue, self._drop_group_for_logprobs, self.args.num_generations, _conversation_id
             )
@@ -383,8 +384,9 @@ class AsyncASPOTrainer(
         self._micro_batches_of_step += 1
         if self._micro_batches_of_step == self.args.gradient_accumulation_steps:
             self._micro_batches_of_step = 0
-            self._metrics["train"]["offpolicy/dropped_groups"].append(float(self._logprob_dropped_groups))
-            self._logprob_dropped_groups = 0
+            if self._logprob_dropped_groups is not None:
+                self._metrics["train"]["offpolicy/dropped_groups"].append(float(self._logprob_dropped_groups))
+                self._logprob_dropped_groups = 0
             if self._values is not None:
                 self._values.step_trained()
         return loss

@@ -30,6 +30,7 @@ from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprobs
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
+from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
 from trl_aspo.infra.local_worker import LocalRolloutWorker
 from trl_aspo.infra.notices import dropped_log_messages
@@ -127,6 +128,13 @@ class AsyncASPOTrainer(
         # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        # The generator's context (a worker's max_model_len, else the policy's positions) must leave room for a prompt.
+        context = getattr(self.rollout_worker, "max_model_len", None)
+        source = "the rollout worker's max_model_len"
+        if context is None:
+            context = model_context_length(self.accelerator.unwrap_model(self.model).config)
+            source = "the model config's max_position_embeddings times its RoPE scaling factor"
+        check_completion_budget(self.args.max_completion_length, context, source)
         if cpu_server and self.accelerator.is_main_process:
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)

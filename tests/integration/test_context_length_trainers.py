@@ -69,3 +69,23 @@ def test_the_asynchronous_trainer_refuses_a_budget_beyond_the_context(tmp_path):
             rollout_worker=ScriptedWorker([]),
             weight_transfer=NoWeightTransfer(),
         )
+
+
+def test_the_local_worker_refuses_a_conversation_that_does_not_fit(tmp_path):
+    """The local worker samples up to max_completion_length after each turn's whole conversation: one that does not
+    fit the policy's positions stops the run with the error naming it."""
+    from helpers import trainer_with_local_worker
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.builtin.task import make_dataset
+
+    tokenizer = calculator_tokenizer()
+    fields = async_fields(tmp_path, per_device_train_batch_size=2, num_generations=2, max_steps=1)
+    args = AsyncASPOConfig(**{**fields, "max_completion_length": 500, "max_inflight_tasks": 1})
+    trainer = trainer_with_local_worker(
+        AsyncASPOTrainer, args, tokenizer, make_dataset("train", 4, seed=0), [correctness_reward]
+    )
+    with pytest.raises(Exception) as error:  # TRL's health check re-raises the worker's failure
+        trainer.train()
+    text = "".join(str(part) for part in (error.value, error.value.__cause__))
+    assert "The conversation starting" in text and "with max_completion_length=500 it needs" in text, text

@@ -53,3 +53,13 @@ def test_a_failed_write_exits_1_after_the_evaluation(tmp_path, capsys):
     written = json.loads(out[out.index("{") :])
     assert written["metrics"]["num_problems"] == 1 and written["settings"]["num_samples"] == 1
     assert f"trl-aspo evaluate: could not write --output {str(output)!r}: [Errno 17] File exists" in err
+
+
+def test_a_budget_beyond_the_models_context_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["evaluate", "--model", "builtin:tiny-random", "--limit", "1", "--max_completion_length", "100000"])
+    assert exited.value.code == 2
+    assert (
+        "trl-aspo evaluate: max_completion_length=100000 must be smaller than the model's context of 512 tokens "
+        "(--model builtin:tiny-random's config)"
+    ) in capsys.readouterr().err

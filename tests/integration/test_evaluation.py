@@ -108,3 +108,18 @@ def test_evaluation_counts_only_calls_whose_tool_ran():
         assert all("the calculator is broken" in m["content"] for m in responses)
         assert record["num_calls"] == len(responses)  # one call per turn here, so one per tool response
     assert raising["calls_per_completion"] > 0
+
+
+def test_evaluation_refuses_a_budget_or_prompt_beyond_the_context():
+    """Issue 45 item 7: the evaluation's generation has the trainers' bound, checked before anything is generated."""
+    model, tokenizer = load_builtin(TINY_RANDOM)
+    dataset = make_dataset("test", 2, seed=0)
+    context = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_completion_length={context} must be smaller than the model's context"):
+        evaluate_tool_use(model, tokenizer, dataset, correctness_reward, [calculator], max_completion_length=context)
+    with pytest.raises(
+        ValueError, match=rf"^Row 0's prompt has \d+ tokens: with max_completion_length={context - 4} "
+    ):
+        evaluate_tool_use(
+            model, tokenizer, dataset, correctness_reward, [calculator], max_completion_length=context - 4
+        )

@@ -248,6 +248,7 @@ def main(argv: list[str]) -> int:
         from trl_aspo.cli.train import parse_checked, resolve_functions
         from trl_aspo.evaluation.report import correctness_reward, heldout_settings
         from trl_aspo.evaluation.tool_use import evaluate_tool_use
+        from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 
         # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
         script_args, training_args, _, dataset_args = parse_checked(
@@ -278,6 +279,8 @@ def main(argv: list[str]) -> int:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_model_and_tokenizer(args.model, device)
+        context = model_context_length(model.config)
+        check_completion_budget(training_args.max_completion_length, context, f"--model {args.model}'s config")
     except (ValueError, FileNotFoundError) as error:
         report(PROG, ConfigurationError([str(error)]))
     settings = heldout_settings(training_args, num_samples, temperature)

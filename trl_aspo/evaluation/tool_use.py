@@ -12,6 +12,8 @@ measured here are the ones the trainer optimizes:
   exceed it is dropped (the sample ends on its call, which the reward should score 0), and a turn generated after a
   tool response is truncated to the remaining budget.
 - Completion lengths and first-call positions count *action* tokens, i.e. tokens the model generated.
+- A `max_completion_length` that leaves no room in the model's context, or a prompt that does not fit with it, is
+  refused before anything is generated (`trl_aspo.infra.context_length`), naming the row.
 - Calls, first-call positions and interactive turns are counted by the trainers' `ToolCallCounter` on the completion's
   tokens (action mask as its tool mask): only calls whose tool ran count, one definition for training and evaluation.
 """
@@ -30,6 +32,7 @@ from trl.chat_template_utils import parse_response
 
 from trl_aspo.algorithms.shaping import is_correct
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter
+from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
 
 __all__ = ["evaluate_tool_use", "generation_attention", "tool_suffix_ids"]
 
@@ -218,10 +221,15 @@ def evaluate_tool_use(
     """
     rows = [dataset[i] for i in range(len(dataset))]
     counter = ToolCallCounter(tokenizer, call_opener)
+    context = model_context_length(model.config)
+    check_completion_budget(max_completion_length, context, "the model config's positions")
     samples = []
     for row_index, row in enumerate(rows):
         prompt_ids = tokenizer.apply_chat_template(
             row["prompt"], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        check_prompts_fit(
+            [len(prompt_ids)], max_completion_length, context, lambda _, row=row_index: f"Row {row}'s prompt"
         )
         samples.extend(_Sample(row_index, list(prompt_ids)) for _ in range(num_samples))
 

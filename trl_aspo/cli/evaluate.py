@@ -216,10 +216,12 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore", message=r".*gradient_checkpointing.*deprecated", category=FutureWarning)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.num_samples is not None and not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
+    if args.num_samples is not None and args.num_samples < 1:
+        parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
+    if args.num_samples is not None and args.num_samples > MAX_NUM_SAMPLES:
         parser.error(
-            f"--num_samples must be in [1, {MAX_NUM_SAMPLES}] (every completion is kept in memory until the end), "
-            f"got {args.num_samples}"
+            f"--num_samples must be <= {MAX_NUM_SAMPLES} (every completion is kept in memory until the end), got "
+            f"{args.num_samples}"
         )
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")

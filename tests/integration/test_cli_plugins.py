@@ -73,3 +73,38 @@ def test_a_registered_name_without_its_plugin_and_a_bad_plugin_are_refused_namin
         f"  plugins entry 'broken': importing it raised RuntimeError: no GPU here ({user_folder / 'broken.py'}, "
         "line 3)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        # A plugin exiting 0 made the command exit 0 without training and without a word.
+        (
+            "import sys\n\nsys.exit(0)\n",
+            2,
+            "plugins entry 'quitter': importing it raised SystemExit(0) ({path}, line 3); a plugin must only define "
+            "and register",
+        ),
+        (
+            "raise KeyboardInterrupt\n",
+            2,
+            "plugins entry 'quitter': importing it raised KeyboardInterrupt ({path}, line 1); a plugin must only "
+            "define and register",
+        ),
+        # The user's Ctrl-C while the plugin imports (here the plugin sends the SIGINT itself): 130, naming it.
+        (
+            "import os\nimport signal\nimport time\n\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n",
+            130,
+            "interrupted (Ctrl-C) while importing plugins entry 'quitter'",
+        ),
+    ],
+    ids=["sys.exit(0)", "raised KeyboardInterrupt", "Ctrl-C"],
+)
+def test_a_plugin_that_exits_or_is_interrupted_is_named(user_folder, body, status, message):
+    """Issue 45 item 7: any BaseException of a plugin's import is a configuration error naming it; only the user's
+    Ctrl-C stops the command, with status 130."""
+    path = user_folder / "quitter.py"
+    path.write_text(body)
+    result = train(user_folder, "--config", CONFIGS["sync"], "--plugins", "quitter", "--output_dir", user_folder / "o")
+    assert result.returncode == status, result.stderr[-3000:]
+    assert message.format(path=path) in result.stderr

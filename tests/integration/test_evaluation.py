@@ -72,3 +72,54 @@ def test_tiny_calculator_calls_the_tool():
     assert not math.isnan(result["accuracy_without_call"])
     assert result["accuracy_with_call"] >= 0.2
     assert result["accuracy_with_call"] > result["accuracy_without_call"]
+
+
+def raising_calculator():
+    """The calculator's name, schema and docstring (what the checkpoint calls), raising on every call."""
+
+    def calculator(expression: str) -> str:
+        """
+        Evaluate an arithmetic expression.
+
+        Args:
+            expression: The expression, e.g. 12*34.
+        """
+        raise RuntimeError("the calculator is broken")
+
+    return calculator
+
+
+@needs_checkpoint
+def test_evaluation_counts_only_calls_whose_tool_ran():
+    """Issue 45 item 5, in `evaluate`: a call the loop does not run (no tool rounds allowed) is not counted, though the
+    model wrote it; a call whose tool raised is (its error is the tool response)."""
+    model, tokenizer = load_builtin(TINY_CALCULATOR)
+    dataset = make_dataset("test", 6, seed=1)
+    kwargs = dict(num_samples=2, max_completion_length=48, progress=False)  # sampled at temperature 1, seed 0
+    unrun = evaluate_tool_use(model, tokenizer, dataset, correctness_reward, [calculator], max_tool_calls=0, **kwargs)
+    written = [record for record in unrun["records"] if "<tool_call>" in record["text"]]
+    assert written, "the model wrote no call: the check would be vacuous"
+    assert unrun["tool_call_rate"] == 0.0 and unrun["calls_per_completion"] == 0.0
+    assert all(r["first_call_position"] is None for r in unrun["records"])
+
+    raising = evaluate_tool_use(model, tokenizer, dataset, correctness_reward, [raising_calculator()], **kwargs)
+    for record in raising["records"]:
+        responses = [m for m in record["completion"] if m["role"] == "tool"]
+        assert all("the calculator is broken" in m["content"] for m in responses)
+        assert record["num_calls"] == len(responses)  # one call per turn here, so one per tool response
+    assert raising["calls_per_completion"] > 0
+
+
+def test_evaluation_refuses_a_budget_or_prompt_beyond_the_context():
+    """Issue 45 item 7: the evaluation's generation has the trainers' bound, checked before anything is generated."""
+    model, tokenizer = load_builtin(TINY_RANDOM)
+    dataset = make_dataset("test", 2, seed=0)
+    context = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_completion_length={context} must be smaller than the model's context"):
+        evaluate_tool_use(model, tokenizer, dataset, correctness_reward, [calculator], max_completion_length=context)
+    with pytest.raises(
+        ValueError, match=rf"^Row 0's prompt has \d+ tokens: with max_completion_length={context - 4} "
+    ):
+        evaluate_tool_use(
+            model, tokenizer, dataset, correctness_reward, [calculator], max_completion_length=context - 4
+        )

@@ -174,3 +174,53 @@ def test_a_registered_estimator_gives_the_same_advantages_in_both_trainers(tmp_p
     steps = asynchronous_advantages(tmp_path, rollout_samples(rounds))
     for round_, step in zip(rounds, steps[:2], strict=True):
         assert step == pytest.approx(round_["advantages"], abs=1e-5)
+
+
+def test_an_estimator_output_beyond_float32_is_refused_by_the_asynchronous_trainer(tmp_path):
+    """Issue 45 item 7: 1e39 is finite in the float64 the asynchronous trainer scores in, so it trained there (its
+    batch normalization made it ordinary) while the synchronous trainer refused it; both refuse it now, naming the
+    estimator."""
+    from helpers import fake_rollout_sample
+    from transformers import AutoModelForCausalLM
+
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.builtin.task import correctness_reward, make_dataset
+    from trl_aspo.infra import install_cpu_fallbacks
+
+    @register_advantage_estimator("beyond_float32")
+    def beyond_float32(rewards, group_ids, scorable):
+        return torch.full_like(rewards, 1e39)
+
+    try:
+        install_cpu_fallbacks()
+        tokenizer = calculator_tokenizer()
+        dataset = make_dataset("train", 4, seed=0)
+        policy = AutoModelForCausalLM.from_pretrained(MODEL)
+        generator = torch.Generator().manual_seed(0)
+        samples = [
+            fake_rollout_sample(
+                policy, tokenizer, dataset[index // 2]["prompt"], 4, generator, model_version=0, group_id=index // 2
+            )
+            for index in range(8)
+        ]
+        args = AsyncASPOConfig(
+            **async_fields(tmp_path, per_device_train_batch_size=4, num_generations=2, max_steps=1),
+            advantage_estimator="beyond_float32",
+        )
+        trainer = AsyncASPOTrainer(
+            MODEL,
+            reward_funcs=correctness_reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_worker=ScriptedWorker(samples),
+            weight_transfer=NoWeightTransfer(),
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"advantage estimator 'beyond_float32' returned advantages that are not finite in float32.*"
+            r"registered from test_registered_estimator\.",
+        ):
+            trainer.train()
+    finally:
+        unregister_advantage_estimator("beyond_float32")

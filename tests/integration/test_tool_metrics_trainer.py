@@ -11,27 +11,40 @@ from trl_aspo.algorithms.tool_metrics import resolve_call_token_ids, resolve_whi
 
 def _independent_tool_metrics(samples, opener: list[int], whitespace: set[int]) -> dict[str, float]:
     """tools/* of a step's `RolloutSample`s by a plain loop over each completion's tokens (from its first completion
-    token; mask 0 = tool output): the opener's first match among consecutive action tokens of one turn."""
+    token; mask 0 = tool output): an opener among consecutive action tokens of one turn is a call when tool output
+    follows it before the next opener (issue 45: only calls whose tool ran count)."""
     positions, lengths, calls, turns = [], [], [], []
     for sample in samples:
         mask = [int(m) for m in sample.completion_mask]
         start = mask.index(1)
         ids, mask = [int(i) for i in sample.input_ids[start:]], mask[start:]
         action = [i for i, m in enumerate(mask) if m]
-        first, count, interactive, text_in_turn, called_in_turn = -1, 0, 0, False, False
-        for t in range(len(ids)):
-            if t > 0 and mask[t] and not mask[t - 1]:
-                text_in_turn, called_in_turn = False, False  # a new assistant turn after a tool response
-            if not mask[t]:
+        openers = [
+            t
+            for t in range(len(ids))
+            if ids[t : t + len(opener)] == opener
+            and len(ids[t : t + len(opener)]) == len(opener)
+            and all(mask[t : t + len(opener)])
+        ]
+        ran = []
+        for k, t in enumerate(openers):
+            output = next((u for u in range(t, len(ids)) if not mask[u]), None)
+            if output is not None and not any(o < output for o in openers[k + 1 :]):
+                ran.append(t)
+        interactive, text_in_turn, first_in_turn = 0, False, None
+        for t in range(len(ids) + 1):
+            if t == len(ids) or (t > 0 and mask[t] and not mask[t - 1]):  # a turn ends
+                if first_in_turn is not None and text_in_turn and any(r >= first_in_turn for r in ran if r < t):
+                    interactive += 1
+                text_in_turn, first_in_turn = False, None
+            if t == len(ids) or not mask[t]:
                 continue
-            if ids[t : t + len(opener)] == opener and all(mask[t : t + len(opener)]):
-                first = action.index(t) if first < 0 else first
-                count += 1
-                interactive += int(text_in_turn and not called_in_turn)
-                called_in_turn = True
-            elif ids[t] not in whitespace and not called_in_turn:
+            if t in openers and first_in_turn is None:
+                first_in_turn = t
+            elif first_in_turn is None and ids[t] not in whitespace:
                 text_in_turn = True
-        positions.append(first), lengths.append(len(action)), calls.append(count), turns.append(interactive)
+        first = action.index(ran[0]) if ran else -1
+        positions.append(first), lengths.append(len(action)), calls.append(len(ran)), turns.append(interactive)
     with_call = [(p, n) for p, n in zip(positions, lengths, strict=True) if p >= 0]
     return {
         "tool_call_frac": len(with_call) / len(samples),

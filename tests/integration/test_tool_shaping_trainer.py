@@ -42,23 +42,33 @@ def used_tool_reward(completions, **kwargs) -> list[float]:
 def independent_detection(batch: dict, tokenizer) -> list[tuple[int, int, int]]:
     """(position, length, calls) per completion from the decoded text of its action tokens, without the detector.
 
-    Each action token is decoded on its own; the first call starts in the token whose text contains the first
-    character of the opener.
+    Each action token is decoded on its own and the action tokens are split into turns at the tool responses
+    (tool_mask 0); a turn followed by a tool response holds one call that ran (issue 45), which starts in the token
+    whose text contains the first character of the turn's last opener.
     """
     rows = []
-    action = batch["completion_mask"].bool() & batch["tool_mask"].bool()
-    for ids, keep in zip(batch["completion_ids"].tolist(), action.tolist(), strict=True):
-        pieces = [
-            tokenizer.decode([token], skip_special_tokens=False) for token, k in zip(ids, keep, strict=True) if k
-        ]
-        text = "".join(pieces)
-        start, end, position = text.find(OPENER), 0, -1
-        for index, piece in enumerate(pieces):
-            end += len(piece)
-            if start >= 0 and end > start:
-                position = index
-                break
-        rows.append((position, len(pieces), text.count(OPENER)))
+    real = batch["completion_mask"].bool().tolist()
+    for ids, keep, tools in zip(batch["completion_ids"].tolist(), real, batch["tool_mask"].tolist(), strict=True):
+        turns, current, action_index = [], [], 0  # per turn: [(action index, piece)], followed by a response
+        for token, k, tool in zip(ids, keep, tools, strict=True):
+            if k and tool:
+                current.append((action_index, tokenizer.decode([token], skip_special_tokens=False)))
+                action_index += 1
+            elif k and current:
+                turns.append((current, True))
+                current = []
+        turns.append((current, False))
+        calls = []
+        for pieces, answered in turns:
+            text = "".join(piece for _, piece in pieces)
+            if answered and OPENER in text:
+                start, end = text.rfind(OPENER), 0
+                for index, piece in pieces:
+                    end += len(piece)
+                    if end > start:
+                        calls.append(index)
+                        break
+        rows.append((calls[0] if calls else -1, action_index, len(calls)))
     return rows
 
 
@@ -387,3 +397,53 @@ def test_evaluate_command_directory_without_a_model(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["evaluate", "--model", str(tmp_path)])
     assert "could not load a causal LM" in capsys.readouterr().err
+
+
+def _turns_batch(tokenizer, rows: list[list[tuple[str, bool]]]) -> dict[str, torch.Tensor]:
+    """TRL's right-padded batch of completions given as (text, written by the model) segments: tool_mask 0 on the
+    tool responses, padded with 1; completion_mask 0 on padding."""
+    encoded = []
+    for segments in rows:
+        ids, tools = [], []
+        for text, by_model in segments:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids, tools = ids + piece, tools + [int(by_model)] * len(piece)
+        encoded.append((ids, tools))
+    width = max(len(ids) for ids, _ in encoded)
+    batch = {
+        "completion_ids": torch.full((len(rows), width), tokenizer.pad_token_id),
+        "completion_mask": torch.zeros((len(rows), width), dtype=torch.long),
+        "tool_mask": torch.ones((len(rows), width), dtype=torch.long),
+    }
+    for row, (ids, tools) in enumerate(encoded):
+        batch["completion_ids"][row, : len(ids)] = torch.tensor(ids)
+        batch["completion_mask"][row, : len(ids)] = 1
+        batch["tool_mask"][row, : len(ids)] = torch.tensor(tools)
+    return batch
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call><|im_end|>'
+RESPONSE = "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_trainer_counts_only_calls_whose_tool_ran(tiny_tokenizer, tiny_model, calculator_dataset, tiny_config):
+    """Issue 45 item 5, in the synchronous trainer's tools/* and shaping statistics: a bare opener before the answer
+    is not a call; a call followed by its tool response is, at its own position."""
+    trainer = ASPOTrainer(
+        tiny_model,
+        [correctness_reward],
+        tiny_config(tool_shaping=True),
+        train_dataset=calculator_dataset,
+        processing_class=tiny_tokenizer,
+        tools=[calculator],
+    )
+    rows = [
+        [("<tool_call>The answer is 6.<|im_end|>", True)],
+        [("I will use the calculator.", True), (CALL, True), (RESPONSE, False), ("The answer is 6.<|im_end|>", True)],
+    ]
+    stats = trainer._tool_statistics(_turns_batch(tiny_tokenizer, rows))
+    prefix = len(tiny_tokenizer.encode("I will use the calculator.", add_special_tokens=False))
+    assert stats[:, 0].tolist() == [-1, prefix]
+    assert stats[:, 2].tolist() == [0, 1]
+    assert trainer._metrics["train"]["tools/calls_per_completion"] == [0.5]
+    assert trainer._metrics["train"]["tools/first_call_position"] == [float(prefix)]

@@ -337,3 +337,25 @@ def test_an_unscorable_sample_takes_part_in_no_statistic(tmp_path):
     assert scored.metrics["zero_advantage_share"] == pytest.approx(3 / 7)
     assert scored.metrics["shaping/eligible_frac"] == pytest.approx(5 / 7)
     assert scored.advantages[3] == 0.0
+
+
+@pytest.mark.parametrize("value_reward_range", [None, [0.0, 1.0]])
+def test_reward_range_message_says_an_environment_reward_adds_to_the_total(tmp_path, value_reward_range):
+    """Issue 45 item 6: TRL adds an environment's get_reward (weight 1) to the reward functions' total, which is what
+    leaves [0, 1] when both score 1; the message says so, in both trainers' configs."""
+    from trl_aspo import ASPOConfig
+    from trl_aspo.values.single_stream import tracker_rewards
+
+    for args in (
+        config(tmp_path, advantage_estimator="spo++", num_generations=1, value_reward_range=value_reward_range),
+        ASPOConfig(
+            output_dir=str(tmp_path),
+            advantage_estimator="spo++",
+            num_generations=1,
+            use_cpu=True,
+            report_to="none",
+            value_reward_range=value_reward_range,
+        ),
+    ):
+        with pytest.raises(ValueError, match=r"environment.*get_reward.*adds to the reward functions' total"):
+            tracker_rewards(torch.tensor([1.0, 2.0]), args)

@@ -44,3 +44,34 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary(tmp_pa
         write_json_atomic(path, {"prompt_index": 2})
     assert json.loads(path.read_text()) == {"prompt_index": 1}
     assert os.listdir(tmp_path) == ["rollout_state.json"]
+
+
+def test_expansion_is_bounded_before_parsing(tmp_path, monkeypatch):
+    """Issue 45 item 7: 120 MB of `[],` was parsed at a 3.2 GB peak. The bound (the code reward judge's) is counted on
+    the bytes: 3 MB of `[],` (3,000,004 bytes, 1,000,002 lists) bounds at 2 * 3,000,004 + 40 * 1,000,000 + 120 *
+    1,000,002 bytes."""
+    path = tmp_path / "trainer_state.json"
+    path.write_bytes(b"[" + b"[]," * 1_000_000 + b"[]]")
+    assert json_files.expanded_size(path.read_bytes()) == 2 * 3_000_004 + 40 * 1_000_000 + 120 * 1_000_002
+    monkeypatch.setattr(json_files, "MAX_JSON_EXPANDED", 64 * 2**20)
+    with pytest.raises(ValueError) as error:
+        read_json(path)
+    assert str(error.value) == (
+        f"{path} would take up to 158 MiB once parsed (3000004 bytes, mostly containers and separators), more than "
+        "the 64 MiB a JSON file may take here: refusing to read it."
+    )
+    assert len(read_json(path, max_expanded=200 * 2**20)) == 1_000_001
+    # The run-file reader (trl-aspo plot, compare, values) names the file too.
+    from trl_aspo.cli.run_files import read_trainer_state
+
+    with pytest.raises(ValueError, match=r"trainer_state\.json would take up to 158 MiB once parsed"):
+        read_trainer_state(path, ())
+
+
+def test_an_integer_beyond_pythons_digit_limit_names_the_file(tmp_path):
+    path = tmp_path / "trainer_state.json"
+    path.write_text('{"global_step": ' + "9" * 5000 + "}")
+    with pytest.raises(
+        ValueError, match=r"^" + str(path).replace(".", r"\.") + r" holds a value that cannot be read: "
+    ):
+        read_json(path)

@@ -8,7 +8,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from trl_aspo.algorithms.shaping import tool_position_bias
 from trl_aspo.algorithms.tool_metrics import (
+    ToolCallCounter,
     _token_char_ends,
     first_tool_call_positions,
     regex_tool_call_positions,
@@ -16,6 +18,7 @@ from trl_aspo.algorithms.tool_metrics import (
     resolve_whitespace_token_ids,
     tool_call_metrics,
 )
+from trl_aspo.infra.step_batches import completion_batch
 
 OPENER = [7, 8]  # a two-token call opener
 WS = {3}  # a whitespace token
@@ -52,7 +55,7 @@ EXPECTED = [(2, 10, 2, 1), (-1, 5, 0, 0), (0, 6, 1, 0), (1, 7, 2, 1), (2, 4, 1, 
 
 def test_first_tool_call_positions_synthetic():
     batch = _batch(SYNTHETIC)
-    result = first_tool_call_positions(**batch, call_token_ids=OPENER, whitespace_token_ids=WS)
+    result = first_tool_call_positions(**batch, call_token_ids=OPENER, whitespace_token_ids=WS, executed_only=False)
     for got, column in zip(result, zip(*EXPECTED, strict=True), strict=True):
         assert got.dtype == torch.long
         assert got.tolist() == list(column)
@@ -61,7 +64,7 @@ def test_first_tool_call_positions_synthetic():
 def test_whitespace_default_counts_every_token_as_text():
     # Row 0's second turn starts with the whitespace token 3: without WS it makes the call interactive.
     batch = _batch(SYNTHETIC[:1])
-    *_, interactive = first_tool_call_positions(**batch, call_token_ids=OPENER)
+    *_, interactive = first_tool_call_positions(**batch, call_token_ids=OPENER, executed_only=False)
     assert interactive.tolist() == [2]
 
 
@@ -75,7 +78,7 @@ def test_padding_equal_to_opener_is_ignored():
 def test_tool_mask_none_and_single_token_opener():
     ids = torch.tensor([[4, 4, 9, 4], [1, 2, 3, 5]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-    positions, lengths, num_calls, interactive = first_tool_call_positions(ids, None, mask, [4])
+    positions, lengths, num_calls, interactive = first_tool_call_positions(ids, None, mask, [4], executed_only=False)
     assert positions.tolist() == [0, -1]
     assert lengths.tolist() == [4, 3]
     assert num_calls.tolist() == [3, 0]
@@ -89,39 +92,57 @@ def test_opener_longer_than_completion():
     assert (positions.item(), lengths.item(), num_calls.item()) == (-1, 1, 0)
 
 
-def _reference_detection(ids, tools, mask, opener, ws):
-    """Per-sample loop: action tokens with their turn ids, then a scan for the opener."""
+def _reference_detection(ids, tools, mask, opener, ws, executed_only):
+    """Per-sample loop: action tokens with their turn ids and columns, then a scan for the opener; with
+    `executed_only`, a match counts when the first non-action column after it is a tool response (a real token with
+    tool_mask 0) and no other match starts before that column."""
     tokens, turn, previous = [], 0, tools[0]
-    for token, tool, keep in zip(ids, tools, mask, strict=True):
+    for column, (token, tool, keep) in enumerate(zip(ids, tools, mask, strict=True)):
         turn += int(tool == 1 and previous == 0)
         previous = tool
         if keep and tool:
-            tokens.append((token, turn))
-    n, calls, seen_turns, interactive, position = len(opener), [], set(), 0, -1
+            tokens.append((token, turn, column))
+    n, matches = len(opener), []
     for j in range(len(tokens) - n + 1):
         window = tokens[j : j + n]
-        if [t for t, _ in window] == opener and len({u for _, u in window}) == 1:
-            calls.append(j)
-            position = calls[0]
-            turn_id = window[0][1]
-            if turn_id not in seen_turns:
-                seen_turns.add(turn_id)
-                interactive += any(u == turn_id and t not in ws for t, u in tokens[:j])
-    return position, len(tokens), len(calls), interactive
+        if [t for t, _, _ in window] == opener and len({u for _, u, _ in window}) == 1:
+            matches.append(j)
+    calls = matches
+    if executed_only:
+        calls = []
+        for k, j in enumerate(matches):
+            column = tokens[j][2]
+            after = next((c for c in range(column + 1, len(ids)) if not (mask[c] and tools[c])), len(ids))
+            response = after < len(ids) and mask[after] and not tools[after]
+            if response and not any(tokens[m][2] < after for m in matches[k + 1 :]):
+                calls.append(j)
+    seen_turns, interactive = set(), 0
+    for j in matches:
+        turn_id = tokens[j][1]
+        if turn_id not in seen_turns:
+            seen_turns.add(turn_id)
+            has_call = any(tokens[c][1] == turn_id for c in calls)
+            interactive += has_call and any(u == turn_id and t not in ws for t, u, _ in tokens[:j])
+    return (calls[0] if calls else -1), len(tokens), len(calls), interactive
 
 
-def test_first_tool_call_positions_matches_reference_on_random_batches():
+@pytest.mark.parametrize("executed_only", [True, False])
+def test_first_tool_call_positions_matches_reference_on_random_batches(executed_only):
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 10, (64, 40), generator=generator)
     tool_mask = (torch.rand(64, 40, generator=generator) < 0.8).long()
     lengths = torch.randint(0, 41, (64,), generator=generator)
     completion_mask = (torch.arange(40) < lengths.unsqueeze(1)).long()
-    result = first_tool_call_positions(ids, tool_mask, completion_mask, OPENER, WS)
+    # Dense enough that rows have calls, calls followed by tool output and calls that are not.
+    ids[:, ::5] = OPENER[0]
+    ids[:, 1::5] = OPENER[1]
+    result = first_tool_call_positions(ids, tool_mask, completion_mask, OPENER, WS, executed_only=executed_only)
     for b in range(64):
         expected = _reference_detection(
-            ids[b].tolist(), tool_mask[b].tolist(), completion_mask[b].tolist(), OPENER, WS
+            ids[b].tolist(), tool_mask[b].tolist(), completion_mask[b].tolist(), OPENER, WS, executed_only
         )
         assert tuple(r[b].item() for r in result) == expected, b
+    assert int(result[2].sum()) > 0, "no counted call: the comparison would be vacuous"
 
 
 def test_first_tool_call_positions_bad_input():
@@ -213,7 +234,9 @@ def test_regex_interactive_turns_and_matches_in_tool_output(tokenizer):
         ("```python\nc\n```", True),
     ]
     ids, tools = _segments(tokenizer, parts)
-    positions, lengths, num_calls, interactive = regex_tool_call_positions(None, [ids], tokenizer, CODE, [tools])
+    positions, lengths, num_calls, interactive = regex_tool_call_positions(
+        None, [ids], tokenizer, CODE, [tools], executed_only=False
+    )
     assert positions.tolist() == [len(tokenizer.encode("Plan first.\n", add_special_tokens=False))]
     assert lengths.tolist() == [sum(tools)]
     assert num_calls.tolist() == [3]
@@ -235,6 +258,7 @@ def test_regex_padded_tensor_batch_and_no_call(tokenizer):
         r"```python",
         batch["tool_mask"],
         completion_mask=batch["completion_mask"],
+        executed_only=False,
     )
     assert positions.tolist() == [len(tokenizer.encode("Hi there.\n", add_special_tokens=False)), -1]
     assert lengths.tolist() == [len(rows[0][0]), len(rows[1][0])]
@@ -250,12 +274,12 @@ def test_regex_characters_split_over_byte_tokens(tokenizer):
     assert "".join(tokenizer.batch_decode([[i] for i in ids])) != text
     decoded, ends = _token_char_ends(ids, tokenizer, True)
     assert decoded == text and ends[-1] == len(text) and ends == sorted(ends)
-    positions, _, num_calls, _ = regex_tool_call_positions([text], [ids], tokenizer, CODE)
+    positions, _, num_calls, _ = regex_tool_call_positions([text], [ids], tokenizer, CODE, executed_only=False)
     assert positions.tolist() == [len(tokenizer.encode(prefix, add_special_tokens=False))]
     assert num_calls.tolist() == [1]
     # A match starting at a multi-token character starts at that character's first token.
     head = len(tokenizer.encode("Hi ", add_special_tokens=False))
-    positions, *_ = regex_tool_call_positions(None, [ids], tokenizer, "🙂")
+    positions, *_ = regex_tool_call_positions(None, [ids], tokenizer, "🙂", executed_only=False)
     assert positions.tolist() == [head]
 
 
@@ -291,7 +315,10 @@ def test_detection_on_a_tokenized_tool_turn(tokenizer):
     batch = _batch([(ids, tools)])
     opener = resolve_call_token_ids(tokenizer)
     result = first_tool_call_positions(
-        **batch, call_token_ids=opener, whitespace_token_ids=resolve_whitespace_token_ids(tokenizer)
+        **batch,
+        call_token_ids=opener,
+        whitespace_token_ids=resolve_whitespace_token_ids(tokenizer),
+        executed_only=False,
     )
     assert len(opener) > 1
     head = len(tokenizer.encode("Plan first.\n", add_special_tokens=False))
@@ -312,5 +339,106 @@ def test_regex_with_a_decoder_that_strips_leading_spaces():
     assert text == "Let me compute ```python print``` ok" and ends[-1] == len(text)
     assert "".join(metaspace.batch_decode([[i] for i in ids])) != text
     expected = next(t for t, token in enumerate(metaspace.convert_ids_to_tokens(ids)) if "```" in token)
-    positions, lengths, num_calls, interactive = regex_tool_call_positions([text], [ids], metaspace, r"```python")
+    positions, lengths, num_calls, interactive = regex_tool_call_positions(
+        [text], [ids], metaspace, r"```python", executed_only=False
+    )
     assert positions.tolist() == [expected] and num_calls.tolist() == [1] and interactive.tolist() == [1]
+
+
+# --- issue 45 item 5: only calls whose tool ran count (OPENER 7 8; tool responses 20-22 under tool_mask 0) ---
+
+RAN = {
+    # A bare opener the tool loop never executed: the completion ends after it.
+    "bare opener": (([5, 7, 8, 6], [1] * 4), (-1, 4, 0, 0)),
+    # A bare opener, then a real call in the same turn: only the turn's last opener ran (at action index 3).
+    "bare then real, one turn": (([7, 8, 5, 7, 8, 9, 20, 21, 6], [1] * 6 + [0, 0] + [1]), (3, 7, 1, 0)),
+    # A bare opener before the real call of each of two turns: the calls at action indices 4 and 7 + 3.
+    "bare then real, two turns": (
+        ([5, 7, 8, 6, 7, 8, 9, 20, 21, 7, 8, 5, 7, 8, 9, 22, 6], [1] * 7 + [0, 0] + [1] * 6 + [0] + [1]),
+        (4, 14, 2, 1),
+    ),
+    # A real call, then a bare opener in the next turn, which ends the completion.
+    "real then bare": (([7, 8, 9, 20, 5, 7, 8, 6], [1, 1, 1, 0, 1, 1, 1, 1]), (0, 7, 1, 0)),
+    # A call cut off by the length limit: padding follows, no response.
+    "truncated call": (([5, 7, 8, 9, 9], [1] * 5), (-1, 5, 0, 0)),
+    # A second call whose tool round TRL rolled back as overlong: the completion ends on it.
+    "overlong rollback": (([7, 8, 9, 20, 21, 5, 7, 8, 9], [1, 1, 1, 0, 0, 1, 1, 1, 1]), (0, 7, 1, 0)),
+    # A tool that raised: its error is the response, so the call ran.
+    "raising tool": (([7, 8, 9, 22, 6], [1, 1, 1, 0, 1]), (0, 4, 1, 0)),
+    # Two calls in two turns, the first after model text (interactive).
+    "two calls": (([5, 7, 8, 9, 20, 7, 8, 9, 21, 6], [1, 1, 1, 1, 0, 1, 1, 1, 0, 1]), (1, 8, 2, 1)),
+    # Parallel calls of one turn share one response span: one call, at the turn's last opener.
+    "parallel calls": (([7, 8, 9, 7, 8, 9, 20, 21, 6], [1] * 6 + [0, 0] + [1]), (3, 7, 1, 0)),
+}
+
+
+def test_only_calls_whose_tool_ran_count():
+    batch = _batch([rows for rows, _ in RAN.values()])
+    result = first_tool_call_positions(**batch, call_token_ids=OPENER, whitespace_token_ids=WS)
+    got = list(zip(*(r.tolist() for r in result), strict=True))
+    assert dict(zip(RAN, got, strict=True)) == {name: expected for name, (_, expected) in RAN.items()}
+
+
+def test_counter_counts_the_asynchronous_layout_like_the_synchronous_one():
+    """The asynchronous trainer's samples (prompt, then completion_mask 0 on tool responses) give the same counts."""
+    rows = [([1, 2, 3, *ids], [0, 0, 0, *tools]) for (ids, tools), _ in RAN.values()]
+    counter = ToolCallCounter(_OpenerTokenizer(), "<open>")
+    counter._whitespace_token_ids = WS
+    stats = counter(*completion_batch(rows))
+    assert [tuple(row) for row in stats.tolist()] == [expected for _, expected in RAN.values()]
+
+
+class _OpenerTokenizer:
+    """Encodes the opener as OPENER; enough for ToolCallCounter's opener path."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(OPENER)
+
+
+def test_tools_run_false_or_no_tool_mask_counts_calls_as_written():
+    (ids, tools), _ = RAN["bare opener"]
+    batch = _batch([(ids, tools)])
+    counter = ToolCallCounter(_OpenerTokenizer(), "<open>", tools_run=False)
+    counter._whitespace_token_ids = WS
+    assert counter(**batch).tolist() == [[1, 4, 1, 1]]
+    running = ToolCallCounter(_OpenerTokenizer(), "<open>")
+    running._whitespace_token_ids = WS
+    assert running(batch["completion_ids"], batch["completion_mask"], None).tolist() == [[1, 4, 1, 1]]
+    assert running(**batch).tolist() == [[-1, 4, 0, 0]]
+
+
+def test_bare_opener_gets_no_early_call_bonus():
+    """The issue's hack: a correct completion writing a bare opener first was 'calling' at position 0 and got the
+    largest early-call bonus against a real call at position 6 (delta -2, k 0.7). Counted by the tool that ran, only
+    the real call is eligible, alone in its group, so neither gets a bias (on main: +0.7 |A| and -0.7 |A|)."""
+    bare = [7, 8, *[5] * 7, 3]  # opener at 0, no call ran: 10 action tokens
+    real = [5] * 6 + [7, 8, 9, 20, 21, 6]  # opener at action index 6, response, answer: 10 action tokens
+    batch = _batch([(bare, [1] * 10), (real, [1] * 9 + [0, 0] + [1])])
+    positions, lengths, _, _ = first_tool_call_positions(**batch, call_token_ids=OPENER)
+    assert positions.tolist() == [-1, 6] and lengths.tolist() == [10, 10]
+    advantages = torch.tensor([0.816, 0.816])
+    eligible = torch.tensor([True, True]) & (positions >= 0)
+    bias = tool_position_bias(advantages, positions, lengths, eligible, torch.zeros(2, dtype=torch.long))
+    assert bias.tolist() == [0.0, 0.0]
+    # What main did (both "called"): mean position 3, mean length 10, b = -2 (p - 3) / 10 = +-0.6, clipped to
+    # 0.7 * 0.816 = 0.5712.
+    as_written = first_tool_call_positions(**batch, call_token_ids=OPENER, executed_only=False)[0]
+    old = tool_position_bias(advantages, as_written, lengths, torch.ones(2, dtype=torch.bool), torch.zeros(2).long())
+    torch.testing.assert_close(old, torch.tensor([0.5712, -0.5712]))
+
+
+def test_regex_counts_only_matches_followed_by_tool_output(tokenizer):
+    parts = [
+        ("Plan first.\n", True),
+        ("```python\na\n```\n", True),  # no output before the next match: not run
+        ("```python\nb\n```\n", True),
+        ("```output\n1\n```\n", False),
+        ("Next step.\n", True),
+        ("```python\nc\n```", True),  # the completion ends: not run
+    ]
+    ids, tools = _segments(tokenizer, parts)
+    positions, lengths, num_calls, interactive = regex_tool_call_positions(None, [ids], tokenizer, CODE, [tools])
+    before = _segments(tokenizer, parts[:2])[0]
+    assert positions.tolist() == [len(before)]
+    assert lengths.tolist() == [sum(tools)] and num_calls.tolist() == [1]
+    assert interactive.tolist() == [0]  # only whitespace since the previous (unexecuted) match ended

@@ -79,14 +79,34 @@ class AdvantageEstimator:
             )
         check_group_inputs(rewards, group_ids, scorable)
         advantages = self.estimate(rewards, group_ids, scorable)
+        where, origin = f"advantage estimator {self.name!r}", f"(registered from {_defined_at(self.estimate)})"
         if not isinstance(advantages, torch.Tensor) or tuple(advantages.shape) != tuple(rewards.shape):
             got = tuple(advantages.shape) if isinstance(advantages, torch.Tensor) else type(advantages).__name__
+            raise ValueError(f"{where} must return one advantage per reward, shape {tuple(rewards.shape)}; got {got}.")
+        # A complex advantage would lose its imaginary part in the cast below, silently.
+        if not advantages.dtype.is_floating_point or advantages.device != rewards.device:
             raise ValueError(
-                f"advantage estimator {self.name!r} must return one advantage per reward, shape "
-                f"{tuple(rewards.shape)}; got {got}."
+                f"{where} must return a real floating tensor on the rewards' device {rewards.device}; got dtype "
+                f"{advantages.dtype} on {advantages.device} {origin}."
             )
-        advantages = advantages.to(rewards.dtype)
-        return torch.where(scorable, advantages, torch.zeros_like(advantages))
+        advantages = torch.where(scorable, advantages.to(rewards.dtype), torch.zeros_like(rewards))
+        # Checked in float32, the loss's precision, and left in the rewards' dtype: 1e39 is finite in float64 but inf
+        # there (the synchronous trainer refused it at its last check, the asynchronous one trained on it).
+        finite = torch.isfinite(advantages.detach().float())
+        if not bool(finite.all()):
+            index = int((~finite).nonzero()[0])
+            raise ValueError(
+                f"{where} returned advantages that are not finite in float32, the loss's precision: "
+                f"{int((~finite).sum())} of {len(advantages)}, e.g. {advantages[index].item()!r} for reward "
+                f"{rewards[index].item()!r} (sample {index}) {origin}."
+            )
+        return advantages
+
+
+def _defined_at(function) -> str:
+    """Where a registered callable comes from, to name the plugin in its errors: `module.qualname`."""
+    module = getattr(function, "__module__", None) or "?"
+    return f"{module}.{getattr(function, '__qualname__', type(function).__name__)}"
 
 
 def check_group_inputs(rewards: torch.Tensor, group_ids: torch.Tensor, scorable: torch.Tensor) -> None:

@@ -94,20 +94,42 @@ class PolicyLoss:
     def __call__(self, inputs: PolicyLossInputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The per-token loss and its (detached) stats; checks the shape the function returned."""
         result = self.fn(inputs)
+        where = f"policy loss {self.name!r}"
+        origin = f"(registered from {getattr(self.fn, '__module__', '?')}.{_qualname(self.fn)})"
+        if isinstance(result, tuple) and len(result) != 2:
+            raise ValueError(
+                f"{where} must return a per-token loss or (per-token loss, stats); got {len(result)} items {origin}."
+            )
         loss, stats = result if isinstance(result, tuple) else (result, {})
-        shape = tuple(inputs.log_probs.shape)
+        shape, device = tuple(inputs.log_probs.shape), inputs.log_probs.device
         if not isinstance(loss, torch.Tensor) or tuple(loss.shape) != shape:
             got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ValueError(f"policy loss {self.name!r} must return a per-token loss of shape {shape}, got {got}.")
+            raise ValueError(f"{where} must return a per-token loss of shape {shape}, got {got}.")
+        # A complex or integer loss, or one on another device (e.g. "meta"), failed later in raw errors naming no loss.
+        if not loss.dtype.is_floating_point or loss.device != device:
+            raise ValueError(
+                f"{where} must return a real floating per-token loss on the log-probs' device {device}; got dtype "
+                f"{loss.dtype} on {loss.device} {origin}."
+            )
         if inputs.log_probs.requires_grad and not loss.requires_grad:
             raise ValueError(
-                f"policy loss {self.name!r} returned a per-token loss with no gradient: it must be computed from "
+                f"{where} returned a per-token loss with no gradient: it must be computed from "
                 "`inputs.log_probs` without detaching them (no .detach(), .item() or torch.no_grad() on that path)."
+            )
+        if not isinstance(stats, dict):
+            raise ValueError(
+                f"{where} must return its stats as a dict {{name: per-token tensor}}; got {type(stats).__name__} "
+                f"{origin}."
             )
         for stat, value in stats.items():
             if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
                 got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"policy loss {self.name!r}: stat {stat!r} must have shape {shape}, got {got}.")
+                raise ValueError(f"{where}: stat {stat!r} must have shape {shape}, got {got}.")
+            if value.dtype.is_complex or value.device != device:
+                raise ValueError(
+                    f"{where}: stat {stat!r} must be a real tensor on {device} {origin}; got dtype "
+                    f"{value.dtype} on {value.device}."
+                )
         return loss, {stat: value.detach() for stat, value in stats.items()}
 
     def logged_metrics(self, stats: dict[str, torch.Tensor]) -> tuple[RatioMetric, ...]:
@@ -187,6 +209,10 @@ def unregister_policy_loss(name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- metrics as ratios
+def _qualname(function) -> str:
+    return getattr(function, "__qualname__", type(function).__name__)
+
+
 def metric_sums(metrics: tuple[RatioMetric, ...], stats: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """(2 * len(metrics),) float32: each metric's numerator and denominator summed over the action tokens (`mask`),
     for one reduction over ranks with the caller's other sums."""

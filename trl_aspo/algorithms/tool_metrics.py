@@ -18,6 +18,14 @@ Two detectors are provided:
 
 Both also count calls and *interactive turns* (a call preceded by model text rather than opening
 its turn), which :func:`tool_call_metrics` summarizes for logging.
+
+**A call counts only when its tool ran** (``executed_only``, the one definition for shaping, the ``tools/*`` metrics
+of both trainers and ``trl-aspo evaluate``): an opener counts when the next non-action tokens after it, with no other
+opener between, are a tool-response span (real tokens with ``tool_mask`` 0; :func:`tool_response_follows`). Its
+position is that opener's index among the action tokens. A bare opener the tool loop never executed (no parsable call,
+a call cut off by the length limit, a tool round TRL rolled back as overlong, a call past
+``max_tool_calling_iterations``) is model text, not a call; a call whose tool raised counts (its error is the
+response). Parallel calls of one turn share one response span, so they count as one call.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "is_model_text",
     "resolve_whitespace_token_ids",
     "tool_call_metrics",
+    "tool_response_follows",
 ]
 
 DetectionResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -70,12 +79,29 @@ def resolve_whitespace_token_ids(tokenizer: Any) -> set[int]:
     return {i for i, piece in enumerate(pieces) if not is_model_text(piece)}
 
 
+def tool_response_follows(action: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: whether the first non-action token after each position is a tool-response token.
+
+    ``action`` (B, T) bool marks the tokens the model generated, ``response`` (B, T) bool the tool-response tokens the
+    tool loop inserted (real tokens with ``tool_mask`` 0); every other token (padding, the end of the row) ends the
+    completion. A call written at a position ran exactly when this is True there (module docstring)."""
+    batch, width = action.shape
+    index = torch.arange(width, device=action.device).expand(batch, width)
+    # The next non-action column at or after each column: a reverse running minimum of the non-action columns.
+    non_action = torch.where(action, torch.full_like(index, width), index)
+    following = non_action.flip(1).cummin(dim=1).values.flip(1)
+    padded = torch.cat([response.bool(), torch.zeros(batch, 1, dtype=torch.bool, device=action.device)], dim=1)
+    return padded.gather(1, following)
+
+
 def first_tool_call_positions(
     completion_ids: torch.Tensor,
     tool_mask: torch.Tensor | None,
     completion_mask: torch.Tensor,
     call_token_ids: Sequence[int],
     whitespace_token_ids: Collection[int] = (),
+    *,
+    executed_only: bool = True,
 ) -> DetectionResult:
     """Locate tool calls in a padded TRL batch by the opener's token sequence.
 
@@ -86,18 +112,21 @@ def first_tool_call_positions(
         call_token_ids: the opener's token ids (see :func:`resolve_call_token_ids`); matched as a
             contiguous run of action tokens within one assistant turn.
         whitespace_token_ids: tokens that do not count as model text for interactive turns.
+        executed_only: count only openers whose tool ran (module docstring): the last opener of a turn
+            followed by a tool response. False, or no ``tool_mask`` (nothing marks tool output, so nothing
+            tells whether a call ran), counts every opener as written.
 
     Returns:
         ``(positions, lengths, num_calls, interactive_turns)``, each (B,) long:
 
-        * positions: action tokens before the first opener; -1 when there is none.
+        * positions: action tokens before the first counted opener; -1 when there is none.
         * lengths: action tokens in the completion.
-        * num_calls: opener occurrences among action tokens (openers are assumed not to overlap
+        * num_calls: counted openers among action tokens (openers are assumed not to overlap
           themselves, which holds for tag-like openers).
-        * interactive_turns: assistant turns whose first call is preceded by non-whitespace model
-          text in the same turn. A turn starts at the beginning of the completion or after a tool
-          response (a ``tool_mask`` 0 -> 1 transition). Parallel calls of one turn count once,
-          because the body of the first call is not reasoning text.
+        * interactive_turns: assistant turns with a counted call whose first opener is preceded by
+          non-whitespace model text in the same turn. A turn starts at the beginning of the completion
+          or after a tool response (a ``tool_mask`` 0 -> 1 transition). Parallel calls of one turn
+          count once, because the body of the first call is not reasoning text.
     """
     if completion_ids.dim() != 2:
         raise ValueError(f"`completion_ids` must be 2-D (B, T), got shape {tuple(completion_ids.shape)}.")
@@ -145,8 +174,23 @@ def first_tool_call_positions(
         match[:, : width - n + 1] = (
             (windows == pattern).all(dim=-1) & valid_c[:, n - 1 :] & (turn_c[:, : width - n + 1] == turn_c[:, n - 1 :])
         )
-    num_calls = match.sum(dim=1)
-    positions = torch.where(match.any(dim=1), match.long().argmax(dim=1), torch.full_like(lengths, -1))
+    counted = match
+    ran = torch.ones_like(match)
+    if executed_only and tool_mask is not None:
+        response = completion_mask.bool() & ~tools
+        ran = tool_response_follows(action, response).gather(1, order)
+        # Openers of one turn have no tool response between them: only the turn's last one can have run.
+        later = match.flip(1).long().cumsum(dim=1).flip(1) - match.long()
+        turn_end = torch.where(
+            torch.cat([turn_c[:, 1:] != turn_c[:, :-1], torch.ones_like(turn_c[:, :1], dtype=torch.bool)], dim=1),
+            index,
+            torch.full_like(index, width),
+        )
+        end_index = turn_end.flip(1).cummin(dim=1).values.flip(1).clamp_max(width - 1)
+        later_in_turn = later - later.gather(1, end_index)
+        counted = match & ran & (later_in_turn == 0)
+    num_calls = counted.sum(dim=1)
+    positions = torch.where(counted.any(dim=1), counted.long().argmax(dim=1), torch.full_like(lengths, -1))
 
     # Turn ids are non-decreasing along the compacted row; the running max of turn-start indices gives
     # each token its turn's first index, where exclusive cumulative counts are read as offsets.
@@ -156,7 +200,7 @@ def first_tool_call_positions(
     calls_before = match.long().cumsum(dim=1) - match.long()
     first_in_turn = match & (calls_before == calls_before.gather(1, start_index))
     after_text = text_before > text_before.gather(1, start_index)
-    interactive_turns = (first_in_turn & after_text).sum(dim=1)
+    interactive_turns = (first_in_turn & after_text & ran).sum(dim=1)
     return positions, lengths, num_calls, interactive_turns
 
 
@@ -210,6 +254,7 @@ def regex_tool_call_positions(
     *,
     completion_mask: torch.Tensor | Sequence[Sequence[int]] | None = None,
     skip_special_tokens: bool = True,
+    executed_only: bool = True,
 ) -> DetectionResult:
     """Locate text-embedded tool calls (e.g. fenced ```python blocks) with a regex on the decoded text.
 
@@ -226,11 +271,15 @@ def regex_tool_call_positions(
         tool_mask: like ``completion_ids``; 0 marks inserted tool output (not counted, never a call).
         completion_mask: like ``completion_ids``; 0 marks padding, which is dropped before decoding.
         skip_special_tokens: decoding option; TRL decodes completions with True.
+        executed_only: count only matches whose tool ran, by the rule of :func:`first_tool_call_positions`
+            on the match's first token (tool output, ``tool_mask`` 0, must follow before the next match).
+            False, or no ``tool_mask``, counts every match as written: text-embedded tools run by a reward
+            function after the rollout leave no tool output in the completion to tell by.
 
     Returns:
         ``(positions, lengths, num_calls, interactive_turns)`` like :func:`first_tool_call_positions`;
-        here a call is interactive when non-whitespace model text lies between the end of the previous
-        match (or the start of the completion) and its start.
+        here a counted call is interactive when non-whitespace model text lies between the end of the
+        previous match (or the start of the completion) and its start.
     """
     regex = re.compile(pattern) if isinstance(pattern, str) else pattern
     rows = completion_ids.tolist() if isinstance(completion_ids, torch.Tensor) else [list(r) for r in completion_ids]
@@ -250,20 +299,34 @@ def regex_tool_call_positions(
                 f"`completion_texts[{b}]` differs from the decoded `completion_ids[{b}]`; pass the text decoded "
                 f"with skip_special_tokens={skip_special_tokens} or None."
             )
-        position, calls, interactive, previous_end = -1, 0, 0, 0
+        found_calls = []  # (token, start, end) of each match starting in a model-generated token
         for found in regex.finditer(text):
-            start = found.start()
-            token = bisect.bisect_right(ends, start)
-            if token >= len(ids) or not action[token]:
-                continue  # an empty match at the very end, or a match inside tool output
+            token = bisect.bisect_right(ends, found.start())
+            if token < len(ids) and action[token]:  # not an empty match at the very end, nor inside tool output
+                found_calls.append((token, found.start(), found.end()))
+        # Tool output is every kept token outside the action tokens (padding was dropped above).
+        output_tokens = [t for t in range(len(ids)) if not action[t]]
+        position, calls, interactive, previous_end = -1, 0, 0, 0
+        for index, (token, start, end) in enumerate(found_calls):
+            if executed_only and tool_mask is not None and not _ran(token, output_tokens, found_calls[index + 1 :]):
+                previous_end = end
+                continue
             if position < 0:
                 position = sum(action[:token])
             calls += 1
             interactive += _has_model_text(text, ends, action, previous_end, start)
-            previous_end = found.end()
+            previous_end = end
         out[:, b] = torch.tensor([position, sum(action), calls, interactive])
     positions, lengths, num_calls, interactive_turns = out.unbind(0)
     return positions, lengths, num_calls, interactive_turns
+
+
+def _ran(token: int, output_tokens: list[int], later_calls: list[tuple[int, int, int]]) -> bool:
+    """Whether tool output follows the call starting in `token` before the next call (`later_calls`, in order)."""
+    following = bisect.bisect_right(output_tokens, token)
+    if following == len(output_tokens):
+        return False
+    return not later_calls or later_calls[0][0] > output_tokens[following]
 
 
 def _rows_like(
@@ -329,12 +392,18 @@ class ToolCallCounter:
     """Per completion of a padded batch, (B, 4) long: action tokens before the first tool call (-1 for none), action
     tokens, calls and interactive turns; by `pattern` on the decoded text when given
     (:func:`regex_tool_call_positions`), else by the `opener`'s tokens (:func:`first_tool_call_positions`). Both
-    trainers count with it: the synchronous one on TRL's batch, the asynchronous one on its samples laid out from
-    their first completion token."""
+    trainers and `trl-aspo evaluate` count with it: the synchronous trainer on TRL's batch, the asynchronous one on
+    its samples laid out from their first completion token, evaluation on its own tool loop's completions.
 
-    def __init__(self, tokenizer: Any, opener: str, pattern: str | None = None) -> None:
+    `tools_run`: whether the rollouts run tools and insert their output (TRL's `tools=`, `environment_factory=`, a
+    `rollout_func` with an `env_mask`). Then only calls whose tool ran count (module docstring); otherwise, and for a
+    batch without a `tool_mask`, nothing tells whether a call ran and every call written counts (the asynchronous
+    layout always has one, so there `tools_run` decides)."""
+
+    def __init__(self, tokenizer: Any, opener: str, pattern: str | None = None, tools_run: bool = True) -> None:
         self.tokenizer = tokenizer
         self.pattern = pattern
+        self.tools_run = tools_run
         self.call_token_ids = resolve_call_token_ids(tokenizer, opener) if pattern is None else []
         # Whitespace-only text before a call is not model text (as in evaluation): resolved on first use.
         self._whitespace_token_ids: set[int] | None = None
@@ -346,12 +415,23 @@ class ToolCallCounter:
         tools): (B, T), right-padded, as in TRL's batch."""
         if self.pattern is not None:
             stats = regex_tool_call_positions(
-                None, completion_ids, self.tokenizer, self.pattern, tool_mask, completion_mask=completion_mask
+                None,
+                completion_ids,
+                self.tokenizer,
+                self.pattern,
+                tool_mask,
+                completion_mask=completion_mask,
+                executed_only=self.tools_run,
             )
         else:
             if self._whitespace_token_ids is None:
                 self._whitespace_token_ids = resolve_whitespace_token_ids(self.tokenizer)
             stats = first_tool_call_positions(
-                completion_ids, tool_mask, completion_mask, self.call_token_ids, self._whitespace_token_ids
+                completion_ids,
+                tool_mask,
+                completion_mask,
+                self.call_token_ids,
+                self._whitespace_token_ids,
+                executed_only=self.tools_run,
             )
         return torch.stack(stats, dim=1)

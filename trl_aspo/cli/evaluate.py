@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,9 @@ from trl_aspo.cli.value_checks import missing_path_problem
 DEFAULT_MODEL = "builtin:tiny-calculator"
 MULTICALL_MODEL = "builtin:tiny-multicall"
 PROG = "trl-aspo evaluate"
+# Completions per problem: every completion's tokens, messages and record are held until the evaluation ends, so a
+# count far beyond what avg@k / pass@k need (10^9 measured) runs the machine out of memory before anything is written.
+MAX_NUM_SAMPLES = 10_000
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
 # a CPU run (placed before the user's flags, which still win).
@@ -155,6 +160,24 @@ def json_ready(value: Any) -> Any:
     return value
 
 
+def write_results(output: Path, written: dict[str, Any]) -> bool:
+    """Write the evaluation's JSON to `output`; whether it was written. On failure (a full disk, /dev/full, a folder
+    that cannot be made) the evaluation is done already: its JSON goes to stdout rather than being lost, and stderr
+    names the path and the error."""
+    # `default=str` keeps the dump alive for tool results or dataset columns that JSON cannot represent.
+    text = json.dumps(json_ready(written), indent=2, default=str) + "\n"
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+    except OSError as error:
+        sys.stdout.write(text)
+        print(
+            f"{PROG}: could not write --output {str(output)!r}: {error}; the results are on stdout.", file=sys.stderr
+        )
+        return False
+    return True
+
+
 def format_table(metrics: dict[str, Any]) -> str:
     """A two-column markdown table of the summary metrics (n/a where a metric is undefined, e.g. no call)."""
     k = metrics["num_samples"]
@@ -195,12 +218,21 @@ def main(argv: list[str]) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.num_samples is not None and args.num_samples < 1:
         parser.error(f"--num_samples must be >= 1, got {args.num_samples}")
+    if args.num_samples is not None and args.num_samples > MAX_NUM_SAMPLES:
+        parser.error(
+            f"--num_samples must be <= {MAX_NUM_SAMPLES} (every completion is kept in memory until the end), got "
+            f"{args.num_samples}"
+        )
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
-    if args.temperature is not None and args.temperature < 0:
-        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.temperature is not None and not (math.isfinite(args.temperature) and args.temperature >= 0):
+        parser.error(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not math.isfinite(args.success_threshold):
+        parser.error(
+            f"--success_threshold must be a finite number (a reward >= it is a success), got {args.success_threshold}"
+        )
     config_args = ["--config", args.config] if args.config else []
     try:
         problems = [missing_path_problem("--model", args.model)]
@@ -218,6 +250,7 @@ def main(argv: list[str]) -> int:
         from trl_aspo.cli.train import parse_checked, resolve_functions
         from trl_aspo.evaluation.report import correctness_reward, heldout_settings
         from trl_aspo.evaluation.tool_use import evaluate_tool_use
+        from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 
         # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
         script_args, training_args, _, dataset_args = parse_checked(
@@ -248,6 +281,8 @@ def main(argv: list[str]) -> int:
             dataset = dataset.select(range(min(args.limit, len(dataset))))
         device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_model_and_tokenizer(args.model, device)
+        context = model_context_length(model.config)
+        check_completion_budget(training_args.max_completion_length, context, f"--model {args.model}'s config")
     except (ValueError, FileNotFoundError) as error:
         report(PROG, ConfigurationError([str(error)]))
     settings = heldout_settings(training_args, num_samples, temperature)
@@ -288,9 +323,8 @@ def main(argv: list[str]) -> int:
         written["records"] = records
 
     output = Path(args.output) if args.output else default_output(args.model)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    # `default=str` keeps the dump alive for tool results or dataset columns that JSON cannot represent.
-    output.write_text(json.dumps(json_ready(written), indent=2, default=str) + "\n")
+    if not write_results(output, written):
+        return 1
     print(
         f"\n{args.model} on {script_args.dataset_name} [{split}], {results['num_problems']} problems x "
         f"{num_samples} sample(s), temperature {temperature}:\n{format_table(results)}\n\nWritten to {output}."

@@ -11,6 +11,7 @@ asynchronous trainer does not act on yet are refused with a message naming them 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -38,6 +39,29 @@ ASYNC_UNSUPPORTED_FIELDS = unsupported_fields(ASPOFieldsMixin, ASYNC)
 # ASPOFieldsMixin fields that ASPOConfig checks against other fields and that act on their own here (name -> why),
 # from their declarations' `independent`.
 ASYNC_INDEPENDENT_FIELDS = independent_fields(ASPOFieldsMixin, ASYNC)
+
+
+# SPO++'s cap on the rollout weight (arXiv 2608.24870, Table 3: token_truncate with upper bound 2).
+SPO_PP_CLIP_MAX = 2.0
+
+
+def default_truncation_bound(config) -> None:
+    """A truncate mode of the rollout correction without an upper bound gets SPO++'s, 2, with a warning: unbounded,
+    one generator log-prob near float32's smallest normal weights its token by up to e^87 (measured: an -inf log-prob
+    weighted a token near 5e8)."""
+    if (
+        config.vllm_importance_sampling_correction
+        and config.vllm_importance_sampling_mode.endswith("_truncate")
+        and config.vllm_importance_sampling_clip_max is None
+    ):
+        warnings.warn(
+            f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} with "
+            f"vllm_importance_sampling_clip_max=None would leave the rollout weight unbounded above; it is set to "
+            f"{SPO_PP_CLIP_MAX} (SPO++'s cap). Set vllm_importance_sampling_clip_max to choose another bound.",
+            UserWarning,
+            stacklevel=3,
+        )
+        config.vllm_importance_sampling_clip_max = SPO_PP_CLIP_MAX
 
 
 def check_sampling_logprobs(config, reports_processed_logprobs: bool) -> None:
@@ -147,7 +171,8 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     vllm_importance_sampling_clip_max: float | None = OFF_POLICY.field(
         3.0,
         help="Upper bound C_max of rho: truncated to it ('*_truncate') or masked above it ('*_mask'). None = no upper "
-        "bound (then clip_min must be set). Must be > 0 and >= clip_min.",
+        "bound (then clip_min must be set); the '*_truncate' modes take 2 (SPO++'s cap) instead, with a warning. "
+        "Must be > 0 and >= clip_min.",
         bound=Bound(0, 1e6, low_open=True),
         checks=(
             Check(
@@ -228,6 +253,7 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
     )
 
     def __post_init__(self):
+        default_truncation_bound(self)
         self._validate_aspo_fields()
         super().__post_init__()
         check_dependencies(self)

@@ -12,6 +12,10 @@ measured here are the ones the trainer optimizes:
   exceed it is dropped (the sample ends on its call, which the reward should score 0), and a turn generated after a
   tool response is truncated to the remaining budget.
 - Completion lengths and first-call positions count *action* tokens, i.e. tokens the model generated.
+- A `max_completion_length` that leaves no room in the model's context, or a prompt that does not fit with it, is
+  refused before anything is generated (`trl_aspo.infra.context_length`), naming the row.
+- Calls, first-call positions and interactive turns are counted by the trainers' `ToolCallCounter` on the completion's
+  tokens (action mask as its tool mask): only calls whose tool ran count, one definition for training and evaluation.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from tqdm.auto import tqdm
 from trl.chat_template_utils import parse_response
 
 from trl_aspo.algorithms.shaping import is_correct
-from trl_aspo.algorithms.tool_metrics import is_model_text
+from trl_aspo.algorithms.tool_metrics import ToolCallCounter
+from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
 
 __all__ = ["evaluate_tool_use", "generation_attention", "tool_suffix_ids"]
 
@@ -57,13 +62,6 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list
     return full[len(prefix) :]
 
 
-def _find(sequence: Sequence[int], pattern: Sequence[int]) -> int | None:
-    for start in range(len(sequence) - len(pattern) + 1):
-        if list(sequence[start : start + len(pattern)]) == list(pattern):
-            return start
-    return None
-
-
 def _run_tool(tool_call: dict[str, Any], tools_by_name: dict[str, Callable]) -> tuple[str, Any]:
     # Same failure handling as TRL: any problem with the call becomes an error payload the model sees.
     function = tool_call.get("function", {})
@@ -79,7 +77,7 @@ def _run_tool(tool_call: dict[str, Any], tools_by_name: dict[str, Callable]) -> 
 
 
 class _Sample:
-    """The state of one rollout: token ids, action mask, parsed messages and tool statistics."""
+    """The state of one rollout: token ids, action mask, parsed messages and tool rounds."""
 
     def __init__(self, row: int, prompt_ids: list[int]):
         self.row = row
@@ -87,8 +85,6 @@ class _Sample:
         self.completion_ids: list[int] = []
         self.action_mask: list[int] = []
         self.messages: list[dict[str, Any]] = []
-        self.num_calls = 0
-        self.interactive_turns = 0
         self.tool_rounds = 0
         self.done = False
 
@@ -151,9 +147,6 @@ def _rollout(
             message = parse_response(tokenizer, turn, prefix=prefix, tools=tools)
             sample.messages.append(message)
             calls = message.get("tool_calls") or []
-            sample.num_calls += len(calls)
-            if calls and is_model_text(message.get("content") or ""):
-                sample.interactive_turns += 1
             if not calls or (max_tool_calls is not None and sample.tool_rounds >= max_tool_calls):
                 continue
             tool_messages = []
@@ -227,11 +220,16 @@ def evaluate_tool_use(
         dict per completion.
     """
     rows = [dataset[i] for i in range(len(dataset))]
-    opener_ids = tokenizer.encode(call_opener, add_special_tokens=False)
+    counter = ToolCallCounter(tokenizer, call_opener)
+    context = model_context_length(model.config)
+    check_completion_budget(max_completion_length, context, "the model config's positions")
     samples = []
     for row_index, row in enumerate(rows):
         prompt_ids = tokenizer.apply_chat_template(
             row["prompt"], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        check_prompts_fit(
+            [len(prompt_ids)], max_completion_length, context, lambda _, row=row_index: f"Row {row}'s prompt"
         )
         samples.extend(_Sample(row_index, list(prompt_ids)) for _ in range(num_samples))
 
@@ -255,10 +253,11 @@ def evaluate_tool_use(
         completion_ids=[s.completion_ids for s in samples],
         **_reward_kwargs(reward_fn, sample_rows),
     )
+    statistics = _tool_statistics(counter, samples)
     records = []
-    for sample, reward in zip(samples, rewards, strict=True):
-        actions = [token for token, mask in zip(sample.completion_ids, sample.action_mask, strict=True) if mask]
-        first_call = _find(actions, opener_ids) if sample.num_calls else None
+    for sample, reward, (position, action_tokens, num_calls, interactive) in zip(
+        samples, rewards, statistics, strict=True
+    ):
         records.append(
             {
                 "problem": sample.row,
@@ -267,10 +266,10 @@ def evaluate_tool_use(
                 "text": tokenizer.decode(sample.completion_ids),
                 "reward": float(reward),
                 "correct": bool(is_correct(float(reward), success_threshold)),
-                "num_calls": sample.num_calls,
-                "interactive_turns": sample.interactive_turns,
-                "first_call_position": first_call,
-                "action_tokens": len(actions),
+                "num_calls": num_calls,
+                "interactive_turns": interactive,
+                "first_call_position": position if position >= 0 else None,
+                "action_tokens": action_tokens,
             }
         )
 
@@ -295,6 +294,21 @@ def evaluate_tool_use(
         "num_samples": num_samples,
         "records": records,
     }
+
+
+def _tool_statistics(counter: ToolCallCounter, samples: list[_Sample]) -> list[list[int]]:
+    """Per sample, `[first-call position (-1: none), action tokens, calls, interactive turns]` by `counter`, the
+    trainers' count, on the completions laid out as TRL's right-padded batch (tool responses: tool mask 0)."""
+    width = max(1, max((len(sample.completion_ids) for sample in samples), default=0))
+    completion_ids = torch.zeros(len(samples), width, dtype=torch.long)
+    completion_mask = torch.zeros(len(samples), width, dtype=torch.long)
+    tool_mask = torch.ones(len(samples), width, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        size = len(sample.completion_ids)
+        completion_ids[row, :size] = torch.tensor(sample.completion_ids, dtype=torch.long)
+        completion_mask[row, :size] = 1
+        tool_mask[row, :size] = torch.tensor(sample.action_mask, dtype=torch.long)
+    return counter(completion_ids, completion_mask, tool_mask).tolist()
 
 
 @contextlib.contextmanager

@@ -1,9 +1,11 @@
 """Bounded, checked reading and atomic writing of the small JSON files a run leaves behind.
 
 `read_json` reads only a regular file (a link to `/dev/zero` or a FIFO is refused before it is opened, so a read
-cannot run until memory is exhausted or block), no more than `max_bytes`, and turns every failure into a
-`ValueError` that names the file (and, for bad JSON, the line and column). The `require_*` checks turn a field of the
-wrong type or range into a `ValueError` that names the file, the field, the value and what is allowed.
+cannot run until memory is exhausted or block), no more than `max_bytes`, refuses a file whose parsed value would take
+more than `max_expanded` bytes (estimated from its bytes before parsing, as the code reward's judge bounds its
+messages: 120 MB of `[],` was parsed at a 3.2 GB peak), and turns every failure into a `ValueError` that names the
+file (and, for bad JSON, the line and column; an integer beyond Python's digit limit too). The `require_*` checks turn
+a field of the wrong type or range into a `ValueError` that names the file, the field, the value and what is allowed.
 `write_json_atomic` writes a temporary file in the same folder, fsyncs it and renames it onto the target
 (`os.replace` is atomic within a file system), so a reader sees the old file or the new one, never half of one.
 """
@@ -19,6 +21,17 @@ from typing import Any
 
 # The largest JSON file read by default: a `trainer_state.json` of 100k logged steps at ~1 kB a row fits.
 MAX_JSON_BYTES = 128 * 2**20
+# The most memory the parsed value of one file may take by `expanded_size`'s bound: a `trainer_state.json` of
+# MAX_JSON_BYTES with ~20 numeric fields a row is bounded by about 6x its bytes (~770 MiB), which fits.
+MAX_JSON_EXPANDED = 2**30
+
+
+def expanded_size(data: bytes) -> int:
+    """An upper bound, in bytes, of what `json.loads(data)` allocates, counted without parsing: the rule of the code
+    reward's judge (`trl_aspo.evaluation.sandbox.expanded_size`, measured on CPython 3.11 for lists, dicts, strings,
+    ints and floats: at most 29 bytes per byte of `[],`, against this bound's 54)."""
+    containers = data.count(b"[") + data.count(b"{")
+    return 2 * len(data) + 40 * data.count(b",") + 120 * containers + 32 * data.count(b'"')
 
 
 def _kind(mode: int) -> str:
@@ -27,9 +40,10 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
+def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES, max_expanded: int | None = None) -> Any:
     """The JSON value in the regular file `path` (symbolic links are followed to their target, which must be a
-    regular file too) of at most `max_bytes` bytes; `ValueError` naming the file otherwise."""
+    regular file too) of at most `max_bytes` bytes, whose parsed value takes at most `max_expanded` bytes by
+    `expanded_size` (None: `MAX_JSON_EXPANDED`, read at the call); `ValueError` naming the file otherwise."""
     path = os.fspath(path)
     try:
         mode = os.stat(path).st_mode
@@ -45,6 +59,13 @@ def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
         raise ValueError(f"{path} cannot be read: {error.strerror or error}") from None
     if len(data) > max_bytes:
         raise ValueError(f"{path} is larger than {max_bytes} bytes, the most read from a JSON file here.")
+    max_expanded = MAX_JSON_EXPANDED if max_expanded is None else max_expanded
+    expanded = expanded_size(data)
+    if expanded > max_expanded:
+        raise ValueError(
+            f"{path} would take up to {expanded >> 20} MiB once parsed ({len(data)} bytes, mostly containers and "
+            f"separators), more than the {max_expanded >> 20} MiB a JSON file may take here: refusing to read it."
+        )
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as error:
@@ -56,6 +77,8 @@ def read_json(path: str | os.PathLike, max_bytes: int = MAX_JSON_BYTES) -> Any:
         ) from None
     except RecursionError:
         raise ValueError(f"{path} nests JSON values too deeply to be read.") from None
+    except ValueError as error:  # e.g. an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ValueError(f"{path} holds a value that cannot be read: {error}.") from None
 
 
 def require_object(value: Any, path: str, field: str | None = None) -> dict:

@@ -34,6 +34,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
+from trl_aspo.infra.context_length import check_prompts_fit, model_context_length
 from trl_aspo.infra.generation import load_named_tensors, sample_completion
 from trl_aspo.infra.model_paths import resolve_model_path
 
@@ -68,6 +69,7 @@ class _LocalRolloutLoop(_AsyncRolloutLoop):
         self._rng = random.Random(seed)
         # One sampler thread: the policy copy is one model, and the event loop must stay free to score and push.
         self._sampler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-rollout-sampler")
+        self._context = model_context_length(policy.config)
 
     async def _run_loops(self, stop_event: asyncio.Event) -> None:
         try:
@@ -76,6 +78,11 @@ class _LocalRolloutLoop(_AsyncRolloutLoop):
             self._sampler.shutdown(wait=True, cancel_futures=True)
 
     async def _generate_one_turn(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        # Each turn samples up to max_tokens after the whole conversation so far: it must fit the policy's positions.
+        def describe(_: int) -> str:
+            return f"The conversation starting {self.tokenizer.decode(prompt_ids[:48], skip_special_tokens=True)!r}"
+
+        check_prompts_fit([len(prompt_ids)], self.max_tokens, self._context, describe)
         # Draw on the event-loop thread so the random stream is consumed in dispatch order.
         delay = self._rng.uniform(0.0, self._jitter_s) if self._jitter_s > 0 else 0.0
         generator = torch.Generator().manual_seed(self._rng.getrandbits(63))

@@ -26,6 +26,7 @@ from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
 from trl_aspo.algorithms.policy_losses import get_policy_loss, reduce_ratio_metrics
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.aspo_config import ASPOConfig
+from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
 from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.citations import model_card_paper
@@ -83,6 +84,7 @@ class ASPOTrainer(
     _tag_names = ["trl", "grpo", "aspo"]
     _name = "ASPO"
     _priority_sampler: PrioritizedRepeatSampler | None = None
+    _context_length: int | None = None
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *positional, **kwargs):
         if isinstance(model, str) and model.startswith("builtin:"):
@@ -99,11 +101,8 @@ class ASPOTrainer(
             reward_funcs, args = with_overlong_penalty(reward_funcs, args)
         with cpu_weight_sync(args.use_vllm):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        warn_if_tool_shaping_runs_no_tools(
-            args,
-            "tools=, environment_factory= or rollout_func",
-            bool(self.tools) or self.environment_factories is not None or self.rollout_func is not None,
-        )
+        runs_tools = bool(self.tools) or self.environment_factories is not None or self.rollout_func is not None
+        warn_if_tool_shaping_runs_no_tools(args, "tools=, environment_factory= or rollout_func", runs_tools)
         if args.prioritized_sampling and isinstance(self.train_dataset, IterableDataset):
             raise ValueError(
                 "ASPOConfig.prioritized_sampling needs a map-style `datasets.Dataset`: an iterable dataset streams "
@@ -118,7 +117,10 @@ class ASPOTrainer(
         self._values = ValueTracking.start(
             args, self.train_dataset, asynchronous=False, accelerator=self.accelerator, forward=self._visit_forward
         )
-        self._tool_calls = ToolCallCounter(self._tokenizer, args.tool_call_opener, args.tool_call_pattern)
+        self._context_length = self._generation_context()
+        self._tool_calls = ToolCallCounter(
+            self._tokenizer, args.tool_call_opener, args.tool_call_pattern, tools_run=runs_tools
+        )
         self._pipeline = AdvantagePipeline(args)
         check_correct_reward_name(args, self.reward_func_names, "the reward functions are")
         self._aspo_kl_coef = self.beta
@@ -170,6 +172,31 @@ class ASPOTrainer(
             rewards_per_func, self.reward_weights, self.reward_func_names
         )
         return self._gathered_rewards_per_func
+
+    def _generation_context(self) -> int | None:
+        """The generator's context, checked against `max_completion_length` now that the model is loaded: vLLM
+        colocate's `max_model_len`, else the policy config's positions (`model_context_length`)."""
+        if self.use_vllm and self.vllm_mode == "colocate":
+            context = self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            source = "vLLM's max_model_len"
+        else:
+            context = model_context_length(self.accelerator.unwrap_model(self.model).config)
+            source = "the model config's max_position_embeddings times its RoPE scaling factor"
+        check_completion_budget(self.max_completion_length, context, source)
+        return context
+
+    def _tokenize_prompts(self, prompts: list):
+        """TRL's tokenization, then each prompt checked to fit the context with `max_completion_length`."""
+        tokenized = super()._tokenize_prompts(prompts)
+
+        def describe(index: int) -> str:
+            text = str(prompts[index])
+            return f"The prompt {text[:80]!r}{'...' if len(text) > 80 else ''}"
+
+        check_prompts_fit(
+            [len(ids) for ids in tokenized[0]], self.max_completion_length, self._context_length, describe
+        )
+        return tokenized
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"

@@ -31,6 +31,7 @@ from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprobs
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
+from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
 from trl_aspo.infra.local_worker import LocalRolloutWorker
 from trl_aspo.infra.notices import dropped_log_messages
@@ -39,6 +40,7 @@ from trl_aspo.infra.prompt_stream import (
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
+from trl_aspo.infra.sample_checks import CheckedRolloutQueue
 from trl_aspo.infra.step_batches import (
     RecordingQueue,
     StepCallbackDataset,
@@ -98,6 +100,7 @@ class AsyncASPOTrainer(
     # Defaults for a trainer built without this __init__, as TRL's own tests build one (TrainingArguments only).
     _micro_batches_of_step = 0
     _values: ValueTracking | None = None
+    _logprob_dropped_groups: int | None = None  # counted where samples are read (the main process)
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncASPOConfig | None = None, *positional, **kwargs):
         if args is None:
@@ -141,6 +144,13 @@ class AsyncASPOTrainer(
         # TRL adds two StepIntervalCallbacks (weight sync, step metrics) on purpose; transformers warns on any repeat.
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        # The generator's context (a worker's max_model_len, else the policy's positions) must leave room for a prompt.
+        context = getattr(self.rollout_worker, "max_model_len", None)
+        source = "the rollout worker's max_model_len"
+        if context is None:
+            context = model_context_length(self.accelerator.unwrap_model(self.model).config)
+            source = "the model config's max_position_embeddings times its RoPE scaling factor"
+        check_completion_budget(self.args.max_completion_length, context, source)
         if cpu_server and self.accelerator.is_main_process:
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)
@@ -155,13 +165,19 @@ class AsyncASPOTrainer(
         self._tool_calls = None
         if runs_tools or self.args.tool_shaping or self.args.tool_call_pattern is not None:
             self._tool_calls = ToolCallCounter(
-                self.processing_class, self.args.tool_call_opener, self.args.tool_call_pattern
+                self.processing_class, self.args.tool_call_opener, self.args.tool_call_pattern, tools_run=runs_tools
             )
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
         if self.args.scores_on_trainer:
             self._start_rollout_tracking()
         self._warned_untracked_samples = False
         self._micro_batches_of_step = 0
+        # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.
+        if self.rollout_queue is not None:
+            self._logprob_dropped_groups = 0
+            self.rollout_queue = CheckedRolloutQueue(
+                self.rollout_queue, self._drop_group_for_logprobs, self.args.num_generations, _conversation_id
+            )
         self._start_weight_map()
 
     @property
@@ -370,6 +386,12 @@ class AsyncASPOTrainer(
         self._trained_groups.add(sample.group_id)
         return True
 
+    def _drop_group_for_logprobs(self, group_id: int) -> None:
+        """A group `CheckedRolloutQueue` dropped for its generator log-probs: consumed for resume, as a zero-variance
+        group is (`_filtered_out`), and counted in `offpolicy/dropped_groups`."""
+        self._trained_groups.add(group_id)
+        self._logprob_dropped_groups += 1
+
     def _correctness_scores(self, samples) -> torch.Tensor | None:
         """The `tool_shaping_correct_reward` function's reward of each sample (the worker logs each function's)."""
         name = self.args.tool_shaping_correct_reward
@@ -393,6 +415,9 @@ class AsyncASPOTrainer(
         self._micro_batches_of_step += 1
         if self._micro_batches_of_step == self.args.gradient_accumulation_steps:
             self._micro_batches_of_step = 0
+            if self._logprob_dropped_groups is not None:
+                self._metrics["train"]["offpolicy/dropped_groups"].append(float(self._logprob_dropped_groups))
+                self._logprob_dropped_groups = 0
             if self._values is not None:
                 self._values.step_trained()
         return loss

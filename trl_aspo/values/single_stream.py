@@ -126,6 +126,13 @@ def _report_init_matches(args, keys: list[str], dataset_keys: set[str]) -> None:
 
 
 # ---------------------------------------------------------------- 2. rewards for the tracker
+# TRL adds the reward of an environment defining `get_reward` as one more reward source of weight 1 (both trainers).
+_TOTAL_REWARD = (
+    "The total is the weighted sum of the reward functions' rewards, plus the reward of an environment_factory's "
+    "environment that defines get_reward (weight 1), which adds to the reward functions' total."
+)
+
+
 def tracker_rewards(rewards: torch.Tensor, args) -> torch.Tensor:
     """Total rewards as the tracker learns them: mapped by `value_reward_range` onto [0, 1], NaN kept; rewards a
     hair outside [0, 1] (float round-off) are clamped, others refused."""
@@ -140,11 +147,12 @@ def tracker_rewards(rewards: torch.Tensor, args) -> torch.Tensor:
             raise ValueError(
                 f"advantage_estimator={args.advantage_estimator!r} needs total rewards in [0, 1]; after mapping "
                 f"{field_name(args, 'value_reward_range')}={list(args.value_reward_range)} onto [0, 1] a reward is "
-                f"{bad}: the rewards leave the declared range."
+                f"{bad}: the rewards leave the declared range. {_TOTAL_REWARD}"
             )
         raise ValueError(
             f"advantage_estimator={args.advantage_estimator!r} needs total rewards in [0, 1]; got {bad}. Set "
-            f"{field_name(args, 'value_reward_range')}=[lo, hi] to map a known reward range onto [0, 1]."
+            f"{field_name(args, 'value_reward_range')}=[lo, hi] to map a known reward range onto [0, 1]. "
+            f"{_TOTAL_REWARD}"
         )
     return rewards.clamp(0.0, 1.0)
 

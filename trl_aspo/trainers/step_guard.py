@@ -56,7 +56,8 @@ class NonFiniteStepGuardMixin:
     # ------------------------------------------------------------------------------------------- what a step holds
     def compute_loss(self, model, inputs, *args, **kwargs):
         result = super().compute_loss(model, inputs, *args, **kwargs)
-        if not model.training:
+        # The trainer's model, not the callable handed in (a wrapper, or a stand-in forward in a probe).
+        if not self.model.training:
             return result
         loss = result[0] if isinstance(result, tuple) else result
         fields = [

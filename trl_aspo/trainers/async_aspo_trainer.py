@@ -279,8 +279,8 @@ class AsyncASPOTrainer(
         dataset = self.train_dataset
         if train_rows(dataset) is None:
             raise ValueError(
-                f"{_runtime_fields(self.args)} needs train_dataset to be a map-style datasets.Dataset (prompts are "
-                f"counted per dataset row), got {type(dataset).__name__}."
+                f"AsyncASPOConfig.{_runtime_fields(self.args)} needs train_dataset to be a map-style "
+                f"datasets.Dataset (prompts are counted per dataset row), got {type(dataset).__name__}."
             )
         keys = self._values.dataset_keys if self._values is not None else dataset_prompt_keys(dataset, self.args)
         control = DispatchControl(keys, self.args.max_inflight_per_prompt)

@@ -73,9 +73,13 @@ def test_the_spo_pp_recipe_config_runs(tmp_path):
         "steps_per_rollout_batch": 2,
         "proximal_policy": "recompute",
         "weight_sync_steps": 2,
+        "max_inflight_per_prompt": 1,
+        "drain_on_publish": True,
     }
     assert {name: getattr(args, name) for name in recipe} == recipe
     state = json.loads((output_dir / "checkpoint-2" / "trainer_state.json").read_text())
     logs = [log for log in state["log_history"] if "loss" in log]
     assert "ppo/dual_clip_frac_later_steps" in logs[-1] and "offpolicy/proximal_log_ratio_abs_mean" in logs[0]
+    spans = [log["rollout/turns_across_publish_total"] for log in logs if "rollout/turns_across_publish_total" in log]
+    assert spans and sum(spans) == 0  # drained at every publish
     assert (output_dir / "model.safetensors").exists() and (output_dir / "training_curves.png").stat().st_size > 0

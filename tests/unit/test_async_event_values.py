@@ -116,6 +116,21 @@ def test_values_depend_on_the_set_not_the_arrival_order():
     torch.testing.assert_close(results[2], results[0], rtol=0, atol=1e-12)
 
 
+def test_outcomes_of_the_dispatch_version_do_not_count():
+    """The decision of docs/async.md ("Same-event outcomes do not count"): with one request in flight per prompt and
+    the drain at publish, a prompt's first trajectory of version 3 is scored before its second one of version 3 is
+    dispatched, yet the second's value ignores it (SPO++'s eq. 3 would count it with weight 1); it counts from
+    version 4 on, with weight rho."""
+    values = AsyncEventValues(rho=0.5)
+    values.enter(["x"], 3)
+    values.observe(["x"], [1.0], [3])  # the first trajectory of version 3, scored
+    assert values.value(["x"], 3).item() == 0.5  # the second of version 3: the prior alone
+    # Version 4: alpha = .5*.5 + .5*1 = .75, beta = .5*.5 = .25.
+    assert values.value(["x"], 4).item() == pytest.approx(0.75, abs=1e-15)
+    values.observe(["x"], [0.0], [3])  # the second trajectory: the value at version 3 still does not move
+    assert values.value(["x"], 3).item() == 0.5
+
+
 def test_state_round_trips_through_json():
     values = AsyncEventValues(rho=0.9)
     values.enter(["x", "y"], [1, 2])

@@ -28,6 +28,9 @@ ASYNC_BASE = dict(output_dir="unused", use_cpu=True, token_budget=0, report_to="
 
 # A valid value away from the default, for every field a dependency names.
 SET = {
+    "proximal_policy": "loglinear",
+    "ppo_dual_clip": 2.0,
+    "max_inflight_per_prompt": 1,
     "aspo_dual_clip": 2.0,
     "aspo_dual_clip_pos": 2.0,
     "aspo_dual_clip_neg": 2.0,
@@ -122,6 +125,10 @@ SWITCHED_OFF = {
     **{(name, "value_rho_mode='kl'"): SPO for name in ("value_kl_half", "value_rho_min", "value_rho_max")},
     ("value_prior_strength", "value_init_samples > 0 or value_init_file set"): SPO,
     ("priority_epsilon", "prioritized_sampling=True"): SPO,
+    # AsyncASPOConfig's own
+    ("proximal_policy", "vllm_importance_sampling_correction=True"): {},
+    ("ppo_dual_clip", "loss_type='ppo'"): {"loss_type": "aspo"},
+    ("max_inflight_per_prompt", "num_generations=1"): {},  # TRL's default num_generations is 8
     # ASPOConfig's own
     ("aspo_adaptive_kl_beta", "beta > 0"): ASPO,
     ("kl_clamp", REGISTERED_LOSS_ON.needs): {"beta": 0.01},

@@ -112,6 +112,18 @@ ROLLOUT_BATCHES = Section(
     "one mini-batch each (verl's ppo_mini_batch_size, AReaL's ppo_n_minibatches). With the decoupled objective the "
     "loss's ratio is against the policy at the batch start (proximal_policy), so it moves on the batch's later steps.",
 )
+ROLLOUT_RUNTIME = Section(
+    "Rollout runtime (asynchronous trainer)",
+    "SPO++'s runtime (arXiv 2608.24870, Table 3), acted on by the local rollout worker (trl_aspo.infra."
+    "dispatch_control): one request in flight per prompt, and the old policy's work drained at each publish.",
+)
+SINGLE_STREAM = Needs(
+    ("num_generations",),
+    "num_generations=1",
+    lambda c: c.num_generations == 1,
+    "it bounds the conversations of one prompt in flight, and a group of several completions of one prompt is "
+    "dispatched together",
+)
 PPO_LOSS = Section(
     "PPO loss (asynchronous trainer)",
     "Options of loss_type='ppo', TRL's clipped surrogate.",
@@ -241,6 +253,27 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
             ),
         ),
         independent="sets how many optimizer steps train each fetched batch, whatever else is set",
+    )
+    max_inflight_per_prompt: int | None = ROLLOUT_RUNTIME.field(
+        None,
+        help="Requests in flight per prompt (SPO++ uses 1). A prompt, keyed as the value tracker keys it "
+        "(prompt_id_column, else a hash of the prompt), is in flight from its dispatch until its whole trajectory "
+        "(every turn and tool call) has been scored; the worker dispatches the next eligible prompt instead (TRL's "
+        "cycle passes over it; prioritized_sampling draws among eligible prompts, the priority distribution "
+        "conditioned on eligibility), and when none is eligible the slot waits. Needs num_generations=1, a "
+        "map-style dataset and the local rollout worker. None = unlimited (TRL's).",
+        bound=Bound(1, 10**9),
+        depends=SINGLE_STREAM,
+    )
+    drain_on_publish: bool = ROLLOUT_RUNTIME.field(
+        False,
+        help="At each publish (weight sync) the trainer stops new dispatches and waits until every conversation "
+        "dispatched under the old weights has finished generating, every turn and tool call, before the new weights "
+        "load (nothing is discarded); dispatch resumes once the worker sees the new model version, so no "
+        "completion mixes two policy versions (rollout/turns_across_publish_total is 0). The publish waits for the "
+        "longest conversation in flight. Needs the local rollout worker. False = TRL's (a turn may span a publish).",
+        switch=True,
+        independent="makes the publish wait for the old weights' conversations, whatever else is set",
     )
     ppo_dual_clip: float | None = PPO_LOSS.field(
         None,

@@ -4,6 +4,8 @@
   trainer's weight syncs update, with optional seeded latency jitter (out-of-order, stale samples); a trainer resumes
   it with `trl_aspo.trainers.local_worker_resume.LocalWorkerResumeMixin`.
 - `trl_aspo.infra.rollout_state`: the resume file `rollout_state.json`, read and checked.
+- `trl_aspo.infra.dispatch_control`: SPO++'s runtime in the worker's loop (one request in flight per prompt, the
+  old weights' work drained at publish).
 - `varlen_attention` / `install_tree_attention_fallback`: the packed tree attention without the FA3 kernel.
 - `install_cpu_fallbacks()`: the attention kernel and FLOPs lookup only where TRL's originals cannot run.
 

@@ -37,10 +37,18 @@ prioritized loop is one too), stamped on each row it emits as a `TrackedRolloutS
 - `rollout_id`: TRL's id of the conversation a row comes from (`TrainingSequence.rollout_id`, a fresh uuid per
   rollout), which TRL's `RolloutSample` drops. A conversation whose re-tokenization drifts is split into several
   rows (forks) that share it; independent rollouts never do, even when they wrote the same text.
+
+SPO++'s runtime (`attach_dispatch_control`): with a `DispatchControl` the tracked loop dispatches only rows whose
+prompt has fewer than `max_inflight_per_prompt` requests in flight (TRL's cycle passes over the others; the
+prioritized draw is among eligible rows, i.e. the priority distribution conditioned on eligibility:
+``P(x) = w_x / sum_{y eligible} w_y`` for an eligible x, 0 for a prompt in flight), and nothing while the trainer
+holds dispatch for a publish. A slot with nothing to dispatch is parked in a hold (no request, no sample).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -50,6 +58,7 @@ import numpy as np
 import torch
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, RolloutSample, _AsyncRolloutLoop
 
+from trl_aspo.infra.dispatch_control import DispatchControl
 from trl_aspo.infra.local_worker import LocalRolloutWorker, _LocalRolloutLoop
 from trl_aspo.values.sampler import _round_seed, effective_num_prompts, priority_weights
 
@@ -87,11 +96,14 @@ class PromptPriorities:
         # Each new weight is >= epsilon > 0, so a reader that sees some rows old and some new still draws validly.
         self.weights[rows] = priority_weights(values, self.epsilon)
 
-    def draw(self, group_index: int) -> int:
-        """The dataset row of group ``group_index``, drawn in proportion to the current weights."""
+    def draw(self, group_index: int, eligible: torch.Tensor | None = None) -> int:
+        """The dataset row of group ``group_index``, drawn in proportion to the current weights; with `eligible` (a
+        boolean mask with at least one row set), among those rows only: the weights conditioned on eligibility."""
         if isinstance(group_index, bool) or int(group_index) != group_index or group_index < 0:
             raise ValueError(f"`group_index` must be a non-negative integer, got {group_index!r}.")
         weights = self.weights.clone()  # one snapshot: the trainer may be writing
+        if eligible is not None:
+            weights = weights * eligible
         generator = torch.Generator().manual_seed(_round_seed(self.seed, int(group_index)))
         return int(torch.multinomial(weights, 1, generator=generator))
 
@@ -111,6 +123,8 @@ class TrackedRolloutSample(RolloutSample):
 
 
 _SAMPLE_FIELDS = tuple(field.name for field in fields(RolloutSample))
+# How often a hold checks whether dispatch may go on (a hold costs no request, only this wake-up).
+HOLD_POLL_S = 0.01
 
 
 class PromptDispatches:
@@ -166,32 +180,63 @@ class PromptDispatches:
 class TrackedRolloutLoop:
     """Mixin for TRL's `_AsyncRolloutLoop` and its subclasses: records each group's first prompt dispatch in
     `prompt_dispatches` (optional) and emits `TrackedRolloutSample`s carrying it and TRL's `rollout_id`. Which row
-    each group takes is the loop's own choice (TRL's cycle here, `PrioritizedPromptLoop`'s draw)."""
+    each group takes is the loop's own choice (TRL's cycle here, `PrioritizedPromptLoop`'s draw), among the rows
+    `dispatch_control` (optional; trl_aspo.infra.dispatch_control) lets it dispatch. It counts the turns whose
+    generation started under one model version and ended under another (`rollout/turns_across_publish_total`, their
+    tokens `rollout/tokens_across_publish_total`)."""
 
-    def __init__(self, *, prompt_dispatches: PromptDispatches | None = None, **loop_kwargs: Any):
+    def __init__(
+        self,
+        *,
+        prompt_dispatches: PromptDispatches | None = None,
+        dispatch_control: DispatchControl | None = None,
+        **loop_kwargs: Any,
+    ):
         super().__init__(**loop_kwargs)
-        if prompt_dispatches is not None and len(prompt_dispatches) != len(self.dataset):
-            raise ValueError(
-                f"prompt_dispatches covers {len(prompt_dispatches)} rows for a dataset of {len(self.dataset)} rows; "
-                "build it from the rollout worker's dataset."
-            )
+        for name, table in (("prompt_dispatches", prompt_dispatches), ("dispatch_control", dispatch_control)):
+            if table is not None and len(table) != len(self.dataset):
+                raise ValueError(
+                    f"{name} covers {len(table)} rows for a dataset of {len(self.dataset)} rows; build it from the "
+                    "rollout worker's dataset."
+                )
         self._prompt_dispatches = prompt_dispatches
+        self._dispatch_control = dispatch_control
         self._first_group_index = int(loop_kwargs.get("dataset_start_index", 0))
         self._group_dispatch: dict[int, int | None] = {}  # group id -> its prompt's first dispatch version
+        self._group_row: dict[int, int] = {}  # group id -> its dataset row, while in flight under dispatch_control
+        self._hold_ids = itertools.count(-1, -1)  # holds take negative group ids, which no dispatched group has
+
+    def _eligible_rows(self) -> torch.Tensor | None:
+        """The rows `dispatch_control` lets the loop dispatch now (None: every row)."""
+        return None if self._dispatch_control is None else self._dispatch_control.eligible_rows()
 
     def _group_rows(self) -> Iterator[tuple[int, int | None, dict[str, Any]]]:
-        """(group id, dataset row index or None, row) of each group: TRL's cycle from `dataset_start_index`."""
+        """(group id, dataset row index or None, row) of each group: TRL's cycle from `dataset_start_index`,
+        passing over the rows that are not eligible (their group ids are spent, so group g stays row start + g)."""
         repeats = super()._repeat_iterator()
         mapped = isinstance(self.dataset, datasets.Dataset)
         for group_id, row in repeats:
             for _ in range(self.num_generations - 1):
                 next(repeats)
             index = (self._first_group_index % len(self.dataset) + group_id) % len(self.dataset) if mapped else None
-            yield group_id, index, row
+            if self._dispatch_control is None or self._dispatch_control.row_eligible(index):
+                yield group_id, index, row
 
     def _repeat_iterator(self) -> Iterator[tuple[int, dict[str, Any]]]:
         # TRL's generate loop starts a group's first rollout right after taking its first item, at this version.
-        for group_id, index, row in self._group_rows():
+        groups = self._group_rows()
+        control = self._dispatch_control
+        waiting = None  # a group drawn while dispatch was open, announced only once it still is
+        while True:
+            if control is not None:
+                if waiting is None and control.may_dispatch():
+                    waiting = next(groups)
+                if waiting is None or not control.try_dispatch(waiting[1], self.num_generations):
+                    yield from self._hold()
+                    continue
+                self._group_row[waiting[0]] = waiting[1]
+            group_id, index, row = waiting if waiting is not None else next(groups)
+            waiting = None
             dispatch = None
             if self._prompt_dispatches is not None and index is not None:
                 dispatch = self._prompt_dispatches.record(index, self.model_version)
@@ -199,8 +244,42 @@ class TrackedRolloutLoop:
             for _ in range(self.num_generations):
                 yield group_id, row
 
+    def _hold(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        """A hold: a group that parks the free slot TRL's loop fills until dispatch may go on (`_generate_one`),
+        then ends with no conversation and no sample. Its row is the dataset's first (TRL's loop builds a group
+        from a row, and resets an environment with it where there are environments)."""
+        hold_id = next(self._hold_ids)
+        for _ in range(self.num_generations):
+            yield hold_id, self.dataset[0]
+
+    async def _generate_one(self, prompt, tool_dict, tools, group_id: int = 0):
+        if group_id < 0:
+            # A stopping loop scores nothing more, so no prompt would be released: TRL's loop waits for its tasks.
+            while not self._dispatch_control.may_dispatch() and not self._stop_event.is_set():
+                await asyncio.sleep(HOLD_POLL_S)
+            return [], [], [], 0, 0, None
+        try:
+            return await super()._generate_one(prompt, tool_dict, tools, group_id)
+        finally:
+            if self._dispatch_control is not None:
+                self._dispatch_control.finished()
+
+    async def _generate_one_turn(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
+        version = self.model_version
+        turn_ids, turn_logprobs = await super()._generate_one_turn(prompt_ids)
+        across = self.model_version != version
+        # Pushed for every turn (0 too), so a run where no turn spans a publish logs 0 rather than nothing.
+        self._counters["rollout/turns_across_publish_total"] += float(across)
+        self._counters["rollout/tokens_across_publish_total"] += float(across * len(turn_ids))
+        return turn_ids, turn_logprobs
+
     async def _score_group(self, group) -> list[TrackedRolloutSample]:
+        if group.group_id < 0:
+            return []
         samples = await super()._score_group(group)
+        row = self._group_row.pop(group.group_id, None)
+        if row is not None:
+            self._dispatch_control.scored(row, self.num_generations)
         # TRL emits one sample per training row, conversation by conversation, rows in order.
         rows = [sequence for sequences in group.completions_sequences for sequence in sequences]
         if len(rows) != len(samples) or any(
@@ -240,7 +319,7 @@ class PrioritizedPromptLoop(TrackedRolloutLoop):
         # index counts on from `dataset_start_index`.
         group_id = 0
         while True:
-            index = self._prompt_priorities.draw(self._first_group_index + group_id)
+            index = self._prompt_priorities.draw(self._first_group_index + group_id, self._eligible_rows())
             yield group_id, index, self.dataset[index]
             group_id += 1
 
@@ -321,3 +400,19 @@ def attach_rollout_tracking(worker, dispatches: PromptDispatches | None) -> None
         "{loop})` and set it as the worker's `_loop_cls`.",
     )
     worker._loop_kwargs["prompt_dispatches"] = dispatches
+
+
+def attach_dispatch_control(worker, control: DispatchControl) -> None:
+    """Make `worker` (not yet started) dispatch only what `control` lets it (one request in flight per prompt, hold
+    and drain at publish; trl_aspo.infra.dispatch_control). Works for the workers and loop classes
+    `attach_rollout_tracking` takes (the control acts in the tracked loop)."""
+    _swap_loop(
+        worker,
+        TrackedRolloutLoop,
+        TRACKED_LOOPS,
+        "max_inflight_per_prompt and drain_on_publish act inside the rollout worker's loop, which only TRL's "
+        "AsyncRolloutWorker (and its subclasses) and trl_aspo's LocalRolloutWorker expose; got a {worker}.",
+        "max_inflight_per_prompt / drain_on_publish: the worker's loop class {loop} has no tracked counterpart; "
+        "define a module-level `class MyLoop(TrackedRolloutLoop, {loop})` and set it as the worker's `_loop_cls`.",
+    )
+    worker._loop_kwargs["dispatch_control"] = control

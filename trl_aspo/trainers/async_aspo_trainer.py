@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 
 import torch
 from accelerate import PartialState
@@ -32,11 +33,13 @@ from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprob
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
 from trl_aspo.infra.context_length import check_completion_budget, model_context_length
+from trl_aspo.infra.dispatch_control import DispatchControl
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
 from trl_aspo.infra.local_worker import LocalRolloutWorker
 from trl_aspo.infra.notices import dropped_log_messages
 from trl_aspo.infra.prompt_stream import (
     PromptPriorities,
+    attach_dispatch_control,
     attach_prompt_priorities,
     attach_rollout_tracking,
 )
@@ -58,9 +61,30 @@ from trl_aspo.trainers.rollout_batches import RolloutBatchMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
 from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.scoring import StepScorer, check_correct_reward_name, warn_if_tool_shaping_runs_no_tools
-from trl_aspo.values.single_stream import prepass_prompts, train_rows
+from trl_aspo.values.single_stream import dataset_prompt_keys, prepass_prompts, train_rows
 
 logger = logging.getLogger(__name__)
+
+
+def _runtime_fields(args) -> str:
+    """The runtime switches set, as the config spells them (for errors)."""
+    names = [f"max_inflight_per_prompt={args.max_inflight_per_prompt!r}"] * (args.max_inflight_per_prompt is not None)
+    return " and ".join(names + ["drain_on_publish=True"] * bool(args.drain_on_publish))
+
+
+def check_runtime_worker(args, worker) -> None:
+    """Refuse SPO++'s runtime switches with a rollout worker other than the local one, naming the field and
+    `rollout_worker`: TRL's vLLM worker (a spawned child) does not hold, drain or count prompts in flight yet."""
+    if args.max_inflight_per_prompt is None and not args.drain_on_publish:
+        return
+    if isinstance(worker, LocalRolloutWorker):
+        return
+    got = "None (TRL's AsyncRolloutWorker on a vLLM server)" if worker is None else type(worker).__name__
+    raise ValueError(
+        f"AsyncASPOConfig.{_runtime_fields(args)} needs the local rollout worker (rollout_worker=LocalRolloutWorker"
+        f"(...)), which dispatches and publishes in the trainer's process; got rollout_worker={got}. TRL's worker "
+        "does not support it yet: remove the field or pass a LocalRolloutWorker."
+    )
 
 
 def _conversation_id(sample) -> tuple[int, str] | object:
@@ -88,7 +112,8 @@ class AsyncASPOTrainer(
     - `get_train_dataloader`: TRL builds the rollout dataset and its batcher inside it; scoring sits between them.
     - `get_batch_samples`: counts one optimizer step's action tokens and completions for `aspo_aggregation`; with
       `steps_per_rollout_batch` > 1 fetches a whole rollout batch at its first step (`RolloutBatchMixin`).
-    - `_sync_weight`: records the global step at which each model version is published (the loglinear clock).
+    - `_sync_weight`: records the global step at which each model version is published (the loglinear clock); with
+      `drain_on_publish`, holds dispatch and waits for the old weights' conversations around the publish.
     - `_get_grad_norm`: `skip_nonfinite_grad_steps` drops a step's gradients when their norm is not finite.
     - `compute_loss`: TRL's PPO loss is inlined in it; the aspo loss runs on the same packed forward.
     - `training_step`: marks the end of an optimizer step for the checkpointed tracker state (`ValueTracking`).
@@ -132,6 +157,7 @@ class AsyncASPOTrainer(
         # to do the same.
         worker = bound.arguments.get("rollout_worker")
         check_sampling_logprobs(args, True if worker is None else getattr(worker, "reports_processed_logprobs", True))
+        check_runtime_worker(args, worker)
         # token_budget=None means the vLLM server's max_model_len, which TRL asks its server for at train start: a
         # worker without one (the local worker) answers itself, where TRL would wait for a server that never comes.
         if args.token_budget is None and getattr(worker, "max_model_len", None) is not None:
@@ -170,6 +196,7 @@ class AsyncASPOTrainer(
         self._prompt_priorities = self._start_prompt_priorities() if self.args.prioritized_sampling else None
         if self.args.scores_on_trainer:
             self._start_rollout_tracking()
+        self._dispatch_control = self._start_dispatch_control()
         self._warned_untracked_samples = False
         self._micro_batches_of_step = 0
         # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.
@@ -258,6 +285,42 @@ class AsyncASPOTrainer(
         if self.rollout_worker is not None:
             attach_prompt_priorities(self.rollout_worker, priorities)
         return priorities
+
+    # ---------------------------------------------------------------- SPO++'s runtime
+    def _start_dispatch_control(self) -> DispatchControl | None:
+        """With `max_inflight_per_prompt` or `drain_on_publish`, the `DispatchControl` the local worker's loop asks
+        before each dispatch, keyed per row as the value tracker keys prompts (`dataset_prompt_keys`)."""
+        if self.args.max_inflight_per_prompt is None and not self.args.drain_on_publish:
+            return None
+        if self.rollout_worker is None:  # not the main process: the worker and its dispatches live there
+            return None
+        dataset = self.train_dataset
+        if train_rows(dataset) is None:
+            raise ValueError(
+                f"AsyncASPOConfig.{_runtime_fields(self.args)} needs train_dataset to be a map-style "
+                f"datasets.Dataset (prompts are counted per dataset row), got {type(dataset).__name__}."
+            )
+        keys = self._values.dataset_keys if self._values is not None else dataset_prompt_keys(dataset, self.args)
+        control = DispatchControl(keys, self.args.max_inflight_per_prompt)
+        attach_dispatch_control(self.rollout_worker, control)
+        return control
+
+    def _sync_weight(self):
+        """TRL's publish; with `drain_on_publish`, dispatch is held first, every conversation dispatched under the
+        old weights finishes (every turn) before they are replaced, and dispatch goes on only once TRL has bumped
+        the worker's model version (it resumes generation before it bumps it)."""
+        control = self._dispatch_control
+        if control is None or not self.args.drain_on_publish:
+            return super()._sync_weight()
+        control.hold()
+        try:
+            started = time.monotonic()
+            control.drain(self.args.weight_sync_timeout)
+            # TRL's perf/weight_sync_s starts after this wait: the publish's cost of draining, logged apart.
+            self._metrics["train"]["perf/publish_drain_s"].append(time.monotonic() - started)
+            return super()._sync_weight()
+        finally:
+            control.release()
 
     # ---------------------------------------------------------------- trainer-side scoring
     def get_train_dataloader(self):

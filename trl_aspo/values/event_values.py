@@ -7,7 +7,12 @@ generated at version ``z`` is ``v(x, z) = alpha / (alpha + beta)`` with::
     beta  = rho^(z - z0) * beta_0  + sum_{i visible, z_i < z} rho^(z - z_i) * (1 - R_i)
 
 over the outcomes of ``x`` observed so far whose generating version is strictly earlier than ``z``: a sample never
-sees its own outcome nor any outcome generated at its version or later (its weight would exceed 1). The prior
+sees its own outcome nor any outcome generated at its version or later (its weight would exceed 1). Outcomes of the
+same version as the sample do not count even where they were scored before its dispatch (SPO++'s eq. 3 counts
+those with weight 1): the trainer holds same-version outcomes by arrival order, not by dispatch, so counting them
+would make the value order-dependent; with the worker draining at publish (`drain_on_publish`) every outcome of an
+earlier version is in before version ``z`` generates, so the value is the synchronous tracker's at event ``z``
+(docs/async.md, "The SPO++ asynchronous recipe"). The prior
 ``(alpha_0, beta_0)`` is anchored at the prompt's entry event ``z0``: the earliest version at which the prompt was
 entered (:meth:`AsyncEventValues.enter`, called for every sample before it is scored), or the ``event`` of an
 initialization from counts. The asynchronous trainer enters each sample with its prompt's first dispatch version,

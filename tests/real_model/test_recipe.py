@@ -64,3 +64,19 @@ def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()
     assert f"Model saved to {tmp_path / 'out'}." in result.stdout
+
+
+def test_trainer_async_refuses_use_peft_on_the_command_line_by_name():
+    """LoRA runs in AsyncASPOTrainer through the Python API (`peft_config=`, test_training.py), but `trl-aspo train
+    --trainer async` takes no ModelConfig LoRA field: refused before torch loads, naming it."""
+    from trl_aspo.cli.command_line import check_command_line
+    from trl_aspo.cli.config_errors import ConfigurationError
+
+    argv = ["--trainer", "async", "--model_name_or_path", SMOLLM2, "--use_peft", "true", "--lora_r", "8"]
+    with pytest.raises(ConfigurationError) as error:
+        check_command_line(argv)
+    assert [str(problem) for problem in error.value.problems] == [
+        f"--{name} (command line): '{name}' is a field of ModelConfig (trainer: sync), which trainer: async does "
+        "not take; remove it, or set trainer: sync"
+        for name in ("use_peft", "lora_r")
+    ]

@@ -100,7 +100,8 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
 
 install-vllm: $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
+# install-smollm2: tests/vllm_tier/test_smollm2_vllm.py serves the converted SmolLM2 from the shared cache.
+test-vllm: $(VLLM_STAMP) install-smollm2
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q --file-progress tests/vllm_tier
 
 # Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.

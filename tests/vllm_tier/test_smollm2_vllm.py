@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from vllm_common import LOGPROB_TOLERANCE, policy_logprobs, server_completion, server_logprobs
+from vllm_common import LOGPROB_TOLERANCE, fixed_prompt_ids, policy_logprobs, server_completion, server_logprobs
 from vllm_tier.conftest import VLLMServer
 
 from trl_aspo.builtin import smollm2
@@ -50,7 +50,7 @@ def test_the_vllm_environment_loads_the_converted_folder(smollm2_dir):
 
 def test_one_async_lora_step_against_the_server_syncs_merged_weights(smollm2_server, smollm2_dir, tmp_path):
     import torch
-    from helpers import async_fields
+    from helpers import async_fields, digit_share_reward
     from peft import LoraConfig
     from transformers import AutoTokenizer
 
@@ -72,7 +72,7 @@ def test_one_async_lora_step_against_the_server_syncs_merged_weights(smollm2_ser
     )
     trainer = AsyncASPOTrainer(
         str(smollm2_dir),
-        reward_funcs=lambda completions, **kw: [float(len(str(c)) % 7) for c in completions],
+        reward_funcs=digit_share_reward,  # TRL's worker runs it in a spawned process: a module-level function
         args=AsyncASPOConfig(**fields),
         train_dataset=make_chat_dataset("train", 8),
         processing_class=tokenizer,
@@ -82,8 +82,7 @@ def test_one_async_lora_step_against_the_server_syncs_merged_weights(smollm2_ser
     trainer.train()
     assert trainer.state.global_step == 1
     trainer._sync_weight()
-    prompt = tokenizer.apply_chat_template(make_chat_dataset("test", 1)[0]["prompt"], add_generation_prompt=True)
-    prompt = prompt["input_ids"] if isinstance(prompt, dict) else list(prompt)
+    prompt = fixed_prompt_ids(tokenizer)
     completion = server_completion(smollm2_server.url, prompt)
     with torch.no_grad():
         trainer.model.merge_adapter()

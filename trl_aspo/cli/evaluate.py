@@ -1,6 +1,7 @@
 """`trl-aspo evaluate`: held-out tool-use metrics of a model, with the tool loop the trainer uses.
 
-    trl-aspo evaluate [--model builtin:tiny-calculator | builtin:tiny-multicall | DIR | HUB_ID] [--config X.yaml]
+    trl-aspo evaluate [--model builtin:tiny-calculator | builtin:tiny-multicall | builtin:smollm2-135m-instruct | DIR
+                      | HUB_ID] [--config X.yaml]
                       [--num_samples k] [--temperature T] [--split test] [--limit N] [--output FILE.json] [--records]
                       [--key value ...]
 
@@ -11,7 +12,9 @@ the dataset (`dataset_name`, `builtin_test_size`, `builtin_seed`, ...), the rewa
 `--num_samples` / `--temperature` and any training field given as `--key value` override the YAML, as in
 `trl-aspo train`. Without `--config` the built-in task is evaluated: the calculator problems, the correctness reward
 and the calculator tool (for `--model builtin:tiny-multicall`: the `builtin:multicall` problems and their one-operation
-calculator), one greedy sample per problem (temperature 1 for several).
+calculator; for `--model builtin:smollm2-135m-instruct` or its warm start `builtin:smollm2-135m-calculator`:
+`builtin:calculator-chat`, the same problems with a system
+message), one greedy sample per problem (temperature 1 for several).
 
 Prints a table (accuracy avg@k, pass@k, tool-call rate, mean first-call position, calls per completion, interactive
 turns) and writes it as JSON, by default to `<model dir>/evaluation.json` for a local model, else to
@@ -33,10 +36,11 @@ from trl_aspo.cli.command_line import check_command_line
 from trl_aspo.cli.config_errors import ConfigurationError, report
 from trl_aspo.cli.value_checks import missing_path_problem
 
-# `trl_aspo.builtin.TINY_CALCULATOR` and `TINY_MULTICALL`, spelled out so that `--help` and the argument checks
-# import no model code.
+# `trl_aspo.builtin.TINY_CALCULATOR`, `TINY_MULTICALL` and the SmolLM2 names, spelled out so that `--help` and the
+# argument checks import no model code.
 DEFAULT_MODEL = "builtin:tiny-calculator"
 MULTICALL_MODEL = "builtin:tiny-multicall"
+SMOLLM2_MODELS = ("builtin:smollm2-135m-instruct", "builtin:smollm2-135m-calculator")
 PROG = "trl-aspo evaluate"
 # Completions per problem: every completion's tokens, messages and record are held until the evaluation ends, so a
 # count far beyond what avg@k / pass@k need (10^9 measured) runs the machine out of memory before anything is written.
@@ -245,7 +249,13 @@ def main(argv: list[str]) -> int:
 
         import torch
 
-        from trl_aspo.builtin.registry import BUILTIN_DATASET, BUILTIN_DATASETS, BUILTIN_REWARDS, MULTICALL_DATASET
+        from trl_aspo.builtin.registry import (
+            BUILTIN_DATASET,
+            BUILTIN_DATASETS,
+            BUILTIN_REWARDS,
+            CHAT_DATASET,
+            MULTICALL_DATASET,
+        )
         from trl_aspo.cli.parsers import make_parser
         from trl_aspo.cli.train import parse_checked, resolve_functions
         from trl_aspo.evaluation.report import correctness_reward, heldout_settings
@@ -257,8 +267,11 @@ def main(argv: list[str]) -> int:
             make_parser(prog=PROG, trainer=trainer), config, [*_PARSE_AS_CPU, *rest]
         )
         if args.config is None:
-            # No config: the built-in task (the multi-call one for its model), complete with its reward and tool.
-            default_dataset = MULTICALL_DATASET if args.model == MULTICALL_MODEL else BUILTIN_DATASET
+            # No config: the built-in task (the multi-call one for its model, the one with a system message for the
+            # pretrained chat model), complete with its reward and tool.
+            default_dataset = {MULTICALL_MODEL: MULTICALL_DATASET, **dict.fromkeys(SMOLLM2_MODELS, CHAT_DATASET)}.get(
+                args.model, BUILTIN_DATASET
+            )
             script_args.dataset_name = script_args.dataset_name or default_dataset
             if script_args.dataset_name in BUILTIN_DATASETS:
                 script_args.reward_funcs = script_args.reward_funcs or list(BUILTIN_REWARDS)

@@ -41,7 +41,7 @@ PATH_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".bin", ".pt", ".safetensor
 # models (torch), which these checks must not (tests/unit/test_cli_first_hour.py compares them with the registry).
 BUILTIN_REWARD_NAMES = ("builtin:correctness",)
 BUILTIN_TOOL_NAMES = ("builtin:calculator", "builtin:one-op-calculator")
-BUILTIN_DATASET_NAMES = ("builtin:calculator", "builtin:multicall")
+BUILTIN_DATASET_NAMES = ("builtin:calculator", "builtin:multicall", "builtin:calculator-chat")
 # List fields whose entries name functions: the built-in names each accepts.
 NAME_LISTS = {"reward_funcs": BUILTIN_REWARD_NAMES, "tools": BUILTIN_TOOL_NAMES}
 

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from helpers import (
+    MODEL,
     async_fields,
     base_fields,
     calculator_tokenizer,
@@ -261,3 +262,19 @@ def test_a_resume_from_a_batch_boundary_equals_the_uninterrupted_run(tmp_path, t
     whole_parameters = parameters(whole.model)
     for name, value in parameters(resumed.model).items():
         assert torch.equal(value, whole_parameters[name]), name
+
+
+def test_an_automatic_max_inflight_tasks_scales_with_the_batch(tmp_path, tokenizer):
+    """TRL's automatic size is max_staleness x samples per step; with k steps per rollout batch it is k times that,
+    in the trainer (TRL's worker reads it) and in the local worker."""
+    from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
+    from trl_aspo.builtin.task import correctness_reward, make_dataset
+    from trl_aspo.infra import LocalRolloutWorker
+
+    fields = base_fields(tmp_path, max_inflight_tasks=-1, max_staleness=3, steps_per_rollout_batch=2)
+    trainer = scripted_trainer(AsyncASPOTrainer, AsyncASPOConfig(**fields), tokenizer, [])
+    assert trainer.args.max_inflight_tasks == 3 * 4 * 2
+    local = LocalRolloutWorker(
+        MODEL, tokenizer, make_dataset("train", 4, seed=0), [correctness_reward], AsyncASPOConfig(**fields)
+    )
+    assert local._loop_kwargs["max_inflight_tasks"] == 3 * 4 * 2

@@ -81,18 +81,12 @@ def test_one_in_flight_needs_one_completion_per_prompt(tmp_path):
         runtime_config(tmp_path, max_inflight_per_prompt=0)
 
 
-@pytest.mark.parametrize(
-    "fields, named",
-    [({"max_inflight_per_prompt": 1}, "max_inflight_per_prompt=1"), ({"drain_on_publish": True}, "drain_on_publish")],
-)
-def test_the_runtime_is_refused_with_another_worker_by_name(tmp_path, fields, named):
+def test_the_runtime_is_refused_with_a_worker_that_has_no_loop_by_name():
+    """A worker exposing neither TRL's loop nor the local one cannot hold or count dispatches: refused naming both
+    fields and the worker's class."""
     from helpers import ScriptedWorker
 
-    from trl_aspo.trainers.async_aspo_trainer import check_runtime_worker
+    from trl_aspo.infra.prompt_stream import attach_dispatch_control
 
-    args = runtime_config(tmp_path, **fields)
-    with pytest.raises(ValueError, match=rf"AsyncASPOConfig.{named}.*rollout_worker=None \(TRL's AsyncRolloutWorker"):
-        check_runtime_worker(args, None)
-    with pytest.raises(ValueError, match=rf"{named}.*rollout_worker=ScriptedWorker"):
-        check_runtime_worker(args, ScriptedWorker([]))
-    check_runtime_worker(runtime_config(tmp_path), None)  # off: any worker
+    with pytest.raises(TypeError, match=r"max_inflight_per_prompt and drain_on_publish .* got a ScriptedWorker"):
+        attach_dispatch_control(ScriptedWorker([]), DispatchControl(["a", "b"], 1))

@@ -188,3 +188,33 @@ def test_trl_worker_rollout_batches_move_the_proximal_ratio(vllm_server, tmp_pat
     assert len(_logged(trainer, "ppo/dual_clip_frac_later_steps")) == 2
     alphas = _logged(trainer, "offpolicy/proximal_alpha_mean")
     assert alphas[0] == 1.0 and alphas[2] == 1.0 and all(0.0 <= alpha < 1.0 for alpha in alphas[1::2])
+
+
+def test_trl_worker_keeps_one_request_per_prompt_and_drains_at_publish(vllm_server, tmp_path):
+    """SPO++'s runtime in TRL's spawned worker: three prompts and four generation slots, so one request in flight per
+    prompt leaves a slot parked in a hold; every publish waits for the old weights' conversations, so no turn spans
+    one (`rollout/turns_across_publish_total` 0 on every step), and training ends (no hold or drain hangs)."""
+    args = AsyncASPOConfig(
+        **async_fields(
+            tmp_path,
+            vllm_server_base_url=vllm_server.url,
+            **{**METHOD_FIELDS, "tool_shaping": False, "prioritized_sampling": False},
+            max_steps=3,
+            logging_steps=1,
+            max_inflight_per_prompt=1,
+            drain_on_publish=True,
+        ),
+    )
+    trainer = AsyncASPOTrainer(
+        MODEL,
+        reward_funcs=digit_share_reward,
+        args=args,
+        train_dataset=make_dataset("train", 3, seed=0),
+        processing_class=calculator_tokenizer(),
+        tools=[calculator],
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3
+    across = _logged(trainer, "rollout/turns_across_publish_total")
+    assert across and all(count == 0.0 for count in across)
+    assert len(_logged(trainer, "perf/publish_drain_s")) >= 2

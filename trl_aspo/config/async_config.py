@@ -114,8 +114,9 @@ ROLLOUT_BATCHES = Section(
 )
 ROLLOUT_RUNTIME = Section(
     "Rollout runtime (asynchronous trainer)",
-    "SPO++'s runtime (arXiv 2608.24870, Table 3), acted on by the local rollout worker (trl_aspo.infra."
-    "dispatch_control): one request in flight per prompt, and the old policy's work drained at each publish.",
+    "SPO++'s runtime (arXiv 2608.24870, Table 3), acted on by the rollout worker's loop, TRL's or the local one "
+    "(trl_aspo.infra.dispatch_control): one request in flight per prompt, and the old policy's work drained at each "
+    "publish.",
 )
 SINGLE_STREAM = Needs(
     ("num_generations",),
@@ -261,7 +262,7 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
         "(every turn and tool call) has been scored; the worker dispatches the next eligible prompt instead (TRL's "
         "cycle passes over it; prioritized_sampling draws among eligible prompts, the priority distribution "
         "conditioned on eligibility), and when none is eligible the slot waits. Needs num_generations=1, a "
-        "map-style dataset and the local rollout worker. None = unlimited (TRL's).",
+        "map-style dataset. None = unlimited (TRL's).",
         bound=Bound(1, 10**9),
         depends=SINGLE_STREAM,
     )
@@ -271,7 +272,7 @@ class AsyncASPOConfig(ASPOFieldsMixin, AsyncGRPOConfig):
         "dispatched under the old weights has finished generating, every turn and tool call, before the new weights "
         "load (nothing is discarded); dispatch resumes once the worker sees the new model version, so no "
         "completion mixes two policy versions (rollout/turns_across_publish_total is 0). The publish waits for the "
-        "longest conversation in flight. Needs the local rollout worker. False = TRL's (a turn may span a publish).",
+        "longest conversation in flight. False = TRL's (a turn may span a publish).",
         switch=True,
         independent="makes the publish wait for the old weights' conversations, whatever else is set",
     )

@@ -72,21 +72,6 @@ def _runtime_fields(args) -> str:
     return " and ".join(names + ["drain_on_publish=True"] * bool(args.drain_on_publish))
 
 
-def check_runtime_worker(args, worker) -> None:
-    """Refuse SPO++'s runtime switches with a rollout worker other than the local one, naming the field and
-    `rollout_worker`: TRL's vLLM worker (a spawned child) does not hold, drain or count prompts in flight yet."""
-    if args.max_inflight_per_prompt is None and not args.drain_on_publish:
-        return
-    if isinstance(worker, LocalRolloutWorker):
-        return
-    got = "None (TRL's AsyncRolloutWorker on a vLLM server)" if worker is None else type(worker).__name__
-    raise ValueError(
-        f"AsyncASPOConfig.{_runtime_fields(args)} needs the local rollout worker (rollout_worker=LocalRolloutWorker"
-        f"(...)), which dispatches and publishes in the trainer's process; got rollout_worker={got}. TRL's worker "
-        "does not support it yet: remove the field or pass a LocalRolloutWorker."
-    )
-
-
 def _conversation_id(sample) -> tuple[int, str] | object:
     """The rollout a row comes from: its group and TRL's `rollout_id`, which the rows one conversation forks into
     share and independent rollouts never do (even when they wrote the same text), as the tracked loop stamps it
@@ -157,7 +142,6 @@ class AsyncASPOTrainer(
         # to do the same.
         worker = bound.arguments.get("rollout_worker")
         check_sampling_logprobs(args, True if worker is None else getattr(worker, "reports_processed_logprobs", True))
-        check_runtime_worker(args, worker)
         # token_budget=None means the vLLM server's max_model_len, which TRL asks its server for at train start: a
         # worker without one (the local worker) answers itself, where TRL would wait for a server that never comes.
         if args.token_budget is None and getattr(worker, "max_model_len", None) is not None:
@@ -288,7 +272,7 @@ class AsyncASPOTrainer(
 
     # ---------------------------------------------------------------- SPO++'s runtime
     def _start_dispatch_control(self) -> DispatchControl | None:
-        """With `max_inflight_per_prompt` or `drain_on_publish`, the `DispatchControl` the local worker's loop asks
+        """With `max_inflight_per_prompt` or `drain_on_publish`, the `DispatchControl` the worker's loop asks
         before each dispatch, keyed per row as the value tracker keys prompts (`dataset_prompt_keys`)."""
         if self.args.max_inflight_per_prompt is None and not self.args.drain_on_publish:
             return None

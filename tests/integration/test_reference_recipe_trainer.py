@@ -152,17 +152,17 @@ def test_interactive_turns_ignore_whitespace_in_training_as_in_evaluation(
     )
     turns = ["\n  " + CALL, "Let me compute.\n" + CALL, CALL, "\n\n" + CALL]
     rows = [tiny_tokenizer.encode(text, add_special_tokens=False) for text in turns]
-    width = max(map(len, rows))
+    # Each call ran: the tool's response follows it (tool_mask 0), as TRL's tool loop inserts it.
+    response = tiny_tokenizer.encode("\n<tool_response>\n408\n</tool_response>", add_special_tokens=False)
+    width = max(map(len, rows)) + len(response)
     completion_ids = torch.zeros(len(rows), width, dtype=torch.long)
     completion_mask = torch.zeros(len(rows), width, dtype=torch.long)
+    tool_mask = torch.ones(len(rows), width, dtype=torch.long)
     for index, ids in enumerate(rows):
-        completion_ids[index, : len(ids)] = torch.tensor(ids)
-        completion_mask[index, : len(ids)] = 1
-    output = {
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "tool_mask": torch.ones_like(completion_mask),
-    }
+        completion_ids[index, : len(ids) + len(response)] = torch.tensor(ids + response)
+        completion_mask[index, : len(ids) + len(response)] = 1
+        tool_mask[index, len(ids) : len(ids) + len(response)] = 0
+    output = {"completion_ids": completion_ids, "completion_mask": completion_mask, "tool_mask": tool_mask}
     training_turns = trainer._tool_statistics(output)[:, 3].tolist()
 
     prompt = tiny_tokenizer.apply_chat_template(

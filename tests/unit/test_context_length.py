@@ -8,7 +8,7 @@ import logging
 import pytest
 from transformers import LlavaConfig, Qwen2Config
 
-from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
+from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit, model_context_length
 
 
 def test_the_context_of_a_config():
@@ -34,7 +34,7 @@ def test_a_budget_at_or_beyond_the_context_is_refused_naming_both(caplog):
         assert str(error.value).startswith(
             f"max_completion_length={budget} must be smaller than the model's context of 512 tokens (the config)"
         )
-    with caplog.at_level(logging.WARNING, logger="trl_aspo.infra.context_length"):
+    with caplog.at_level(logging.WARNING, logger="trl_aspo.algorithms.context_length"):
         check_completion_budget(10**9, None, "the server")
     assert "The model's context is unknown (the server says nothing)" in caplog.text
 

@@ -1,4 +1,4 @@
-"""`first_tool_call_positions` on random batches against a plain Python reference written from its documented rules
+"""`first_tool_call_positions` (every opener written) on random batches against a plain Python reference written from its documented rules
 (issue 43 item 2): many seeds and shapes, openers of 1 to 3 tokens, with and without a tool mask, random
 whitespace sets, rows shorter than the opener, all-padding rows."""
 
@@ -53,7 +53,8 @@ def test_detection_equals_the_python_reference_on_random_batches(seed):
     lengths = torch.randint(0, width + 1, (rows,), generator=generator)
     completion_mask = (torch.arange(width) < lengths.unsqueeze(1)).long()
 
-    result = first_tool_call_positions(ids, tool_mask, completion_mask, opener, ws)
+    # Every opener written (executed_only=False): which of them ran is tests/unit/test_tool_metrics.py's subject.
+    result = first_tool_call_positions(ids, tool_mask, completion_mask, opener, ws, executed_only=False)
     for row in range(rows):
         expected = reference(
             ids[row].tolist(),

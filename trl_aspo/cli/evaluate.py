@@ -249,6 +249,7 @@ def main(argv: list[str]) -> int:
 
         import torch
 
+        from trl_aspo.algorithms.context_length import check_completion_budget, model_context_length
         from trl_aspo.builtin.registry import (
             BUILTIN_DATASET,
             BUILTIN_DATASETS,
@@ -260,7 +261,6 @@ def main(argv: list[str]) -> int:
         from trl_aspo.cli.train import parse_checked, resolve_functions
         from trl_aspo.evaluation.report import correctness_reward, heldout_settings
         from trl_aspo.evaluation.tool_use import evaluate_tool_use
-        from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 
         # The config's `trainer` picks its config class, so an asynchronous run's YAML evaluates too.
         script_args, training_args, _, dataset_args = parse_checked(

@@ -13,7 +13,7 @@ measured here are the ones the trainer optimizes:
   tool response is truncated to the remaining budget.
 - Completion lengths and first-call positions count *action* tokens, i.e. tokens the model generated.
 - A `max_completion_length` that leaves no room in the model's context, or a prompt that does not fit with it, is
-  refused before anything is generated (`trl_aspo.infra.context_length`), naming the row.
+  refused before anything is generated (`trl_aspo.algorithms.context_length`), naming the row.
 - Calls, first-call positions and interactive turns are counted by the trainers' `ToolCallCounter` on the completion's
   tokens (action mask as its tool mask): only calls whose tool ran count, one definition for training and evaluation.
 """
@@ -30,9 +30,9 @@ import torch
 from tqdm.auto import tqdm
 from trl.chat_template_utils import parse_response
 
+from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit, model_context_length
 from trl_aspo.algorithms.shaping import is_correct
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter
-from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
 
 __all__ = ["evaluate_tool_use", "generation_attention", "tool_suffix_ids"]
 

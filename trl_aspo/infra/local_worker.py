@@ -34,7 +34,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
-from trl_aspo.infra.context_length import check_prompts_fit, model_context_length
+from trl_aspo.algorithms.context_length import check_prompts_fit, model_context_length
 from trl_aspo.infra.generation import load_named_tensors, sample_completion
 from trl_aspo.infra.model_paths import resolve_model_path
 

@@ -20,13 +20,13 @@ from datasets import IterableDataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
+from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit, model_context_length
 from trl_aspo.algorithms.filters import zero_variance_groups
 from trl_aspo.algorithms.losses import repetition_rate
 from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
 from trl_aspo.algorithms.policy_losses import get_policy_loss, reduce_ratio_metrics
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.aspo_config import ASPOConfig
-from trl_aspo.infra.context_length import check_completion_budget, check_prompts_fit, model_context_length
 from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.citations import model_card_paper

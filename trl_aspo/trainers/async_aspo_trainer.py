@@ -27,12 +27,12 @@ from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import get_config_model_id
 
+from trl_aspo.algorithms.context_length import check_completion_budget, model_context_length
 from trl_aspo.algorithms.filters import zero_variance_from_std
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprobs
 from trl_aspo.evaluation.rewards import summed_rewards
 from trl_aspo.evaluation.tool_use import evaluate_tool_use, generation_attention
-from trl_aspo.infra.context_length import check_completion_budget, model_context_length
 from trl_aspo.infra.dispatch_control import DispatchControl
 from trl_aspo.infra.fallbacks import install_cpu_fallbacks
 from trl_aspo.infra.local_worker import LocalRolloutWorker

@@ -145,6 +145,7 @@ def measure(variant: str, steps: int, warmup: int, batch: int, output_dir: str) 
         output_dir=output_dir,
         max_steps=steps,
         per_device_train_batch_size=batch,
+        max_completion_length=64,
         num_generations=2,
         token_budget=0,
         max_staleness=8,

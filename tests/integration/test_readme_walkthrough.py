@@ -35,6 +35,9 @@ BUILTIN_STAND_INS = [
     "builtin:correctness",
     "--tools",
     "builtin:calculator",
+    # The stand-in's context is 512 tokens; the README's model takes the default completion length.
+    "--max_completion_length",
+    "64",
 ]
 SMALL_MY_RUN = [
     *BUILTIN_STAND_INS,

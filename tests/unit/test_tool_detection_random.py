@@ -1,6 +1,6 @@
-"""`first_tool_call_positions` (every opener written) on random batches against a plain Python reference written from its documented rules
-(issue 43 item 2): many seeds and shapes, openers of 1 to 3 tokens, with and without a tool mask, random
-whitespace sets, rows shorter than the opener, all-padding rows."""
+"""`first_tool_call_positions` (every opener written) on random batches against a plain Python reference written
+from its documented rules (issue 43 item 2): many seeds and shapes, openers of 1 to 3 tokens, with and without a
+tool mask, random whitespace sets, rows shorter than the opener, all-padding rows."""
 
 from __future__ import annotations
 

@@ -271,11 +271,17 @@ def failed_processes_status(error: BaseException) -> int | None:
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from trl_aspo.infra.stop_signals import EXIT_STOPPED
+
     if isinstance(error, subprocess.CalledProcessError):
         status = error.returncode
     elif isinstance(error, ChildFailedError):
-        # The main process's: it wrote the checkpoint and printed the resume command (torchrun may have ended the
-        # others once it exited).
+        # After a stop, torchrun ends with SIGTERM the processes still exiting once the first one exits with
+        # EXIT_STOPPED, whichever rank that is: each had written its part of the checkpoint by then, so the run
+        # stopped. Otherwise the main process's status (it wrote the checkpoint and printed the resume command).
+        codes = [failure.exitcode for failure in error.failures.values()]
+        if EXIT_STOPPED in codes and all(code in (EXIT_STOPPED, -signal.SIGTERM) for code in codes):
+            return EXIT_STOPPED
         status = error.failures.get(0, next(iter(error.failures.values()))).exitcode
     else:
         return None

@@ -8,7 +8,9 @@ packing, scoring, the proximal forward of `recompute`, forward, backward and opt
 the time between the ends of consecutive optimizer steps; the first `--warmup` steps are left out, and `--steps -
 --warmup` must be a multiple of 4 so every variant's window holds whole rollout batches. Each run is a fresh Python
 process; runs are interleaved (k1, k2 recompute, k2 loglinear, ... then again) so load changes hit all alike; the
-number per variant is the median over repeats of the window's mean seconds per step, and its ratio to k = 1's.
+number per variant is the median over repeats of the window's mean seconds per step, and its ratio to k = 1's;
+`paired` is the median over repeats of each run's ratio to the k = 1 run of the same repeat (what load drift between
+repeats cancels out of), with its range.
 
     python scripts/bench_rollout_batches.py [--steps 20] [--warmup 4] [--repeats 5] [--batch 16] [--threads 1]
 """
@@ -221,11 +223,16 @@ def main() -> None:
         f"steps {options.warmup + 1}-{options.steps}, median of {options.repeats} interleaved runs; "
         f"load {load_start:.2f} at start, {os.getloadavg()[0]:.2f} at end"
     )
-    print(f"{'variant':<16}{'ms / step':>12}{'vs k=1':>10}{'spread (ms)':>16}")
+    print(f"{'variant':<16}{'ms / step':>12}{'vs k=1':>10}{'paired':>10}{'paired range':>16}{'spread (ms)':>16}")
     for variant, values in runs.items():
         median = statistics.median(values)
+        paired = [value / reference for value, reference in zip(values, runs["k=1"], strict=True)]
         spread = f"{min(values) * 1000:.1f}-{max(values) * 1000:.1f}"
-        print(f"{variant:<16}{median * 1000:>12.1f}{median / base:>9.3f}x{spread:>16}")
+        paired_range = f"{min(paired):.3f}-{max(paired):.3f}"
+        print(
+            f"{variant:<16}{median * 1000:>12.1f}{median / base:>9.3f}x{statistics.median(paired):>9.3f}x"
+            f"{paired_range:>16}{spread:>16}"
+        )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker,
 
 from trl_aspo.infra.dispatch_control import DispatchControl
 from trl_aspo.infra.local_worker import LocalRolloutWorker, _LocalRolloutLoop
+from trl_aspo.infra.served_context import ServedContextLoop
 from trl_aspo.values.sampler import _round_seed, effective_num_prompts, priority_weights
 
 
@@ -324,20 +325,33 @@ class PrioritizedPromptLoop(TrackedRolloutLoop):
             group_id += 1
 
 
-class TrackedAsyncRolloutLoop(TrackedRolloutLoop, _AsyncRolloutLoop):
-    """TRL's rollout loop (vLLM over aiohttp) emitting `TrackedRolloutSample`s."""
+class TrackedAsyncRolloutLoop(TrackedRolloutLoop, ServedContextLoop, _AsyncRolloutLoop):
+    """TRL's rollout loop (vLLM over aiohttp) emitting `TrackedRolloutSample`s, each turn checked against the
+    server's context (`ServedContextLoop`)."""
 
 
 class TrackedLocalRolloutLoop(TrackedRolloutLoop, _LocalRolloutLoop):
     """The local worker's loop emitting `TrackedRolloutSample`s."""
 
 
-class PrioritizedAsyncRolloutLoop(PrioritizedPromptLoop, _AsyncRolloutLoop):
-    """TRL's rollout loop (vLLM over aiohttp) drawing its prompts by priority."""
+class PrioritizedAsyncRolloutLoop(PrioritizedPromptLoop, ServedContextLoop, _AsyncRolloutLoop):
+    """TRL's rollout loop (vLLM over aiohttp) drawing its prompts by priority, each turn checked against the
+    server's context (`ServedContextLoop`)."""
 
 
 class PrioritizedLocalRolloutLoop(PrioritizedPromptLoop, _LocalRolloutLoop):
     """The local worker's loop drawing its prompts by priority."""
+
+
+class ContextCheckedAsyncRolloutLoop(ServedContextLoop, _AsyncRolloutLoop):
+    """TRL's rollout loop (vLLM over aiohttp), each turn checked against the server's context."""
+
+
+def attach_served_context_check(worker) -> None:
+    """Give TRL's `AsyncRolloutWorker` with TRL's own loop the served-context check (`ServedContextLoop`); the
+    tracked and prioritized loops have it already, and a user's own loop class is left as it is."""
+    if isinstance(worker, AsyncRolloutWorker) and worker._loop_cls is _AsyncRolloutLoop:
+        worker._loop_cls = ContextCheckedAsyncRolloutLoop
 
 
 TRACKED_LOOPS = {

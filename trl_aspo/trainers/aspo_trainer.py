@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from datasets import IterableDataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -27,6 +27,7 @@ from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
 from trl_aspo.algorithms.policy_losses import get_policy_loss, reduce_ratio_metrics
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.aspo_config import ASPOConfig
+from trl_aspo.infra.served_context import served_max_model_len
 from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 from trl_aspo.trainers.checkpoint_state import checkpoint_state_file
 from trl_aspo.trainers.citations import model_card_paper
@@ -174,11 +175,21 @@ class ASPOTrainer(
         return self._gathered_rewards_per_func
 
     def _generation_context(self) -> int | None:
-        """The generator's context, checked against `max_completion_length` now that the model is loaded: vLLM
-        colocate's `max_model_len`, else the policy config's positions (`model_context_length`)."""
+        """The generator's context, checked against `max_completion_length` now that the model is loaded: vLLM's
+        `max_model_len` (colocate: the engine's; server: what the server reports), else the policy config's positions
+        (`model_context_length`)."""
         if self.use_vllm and self.vllm_mode == "colocate":
             context = self.vllm_generation.llm.llm_engine.model_config.max_model_len
             source = "vLLM's max_model_len"
+        elif self.use_vllm and self.vllm_mode == "server":
+            # Only the main process holds TRL's client; every rank checks its own prompts against the same number.
+            served = (
+                [served_max_model_len(self.vllm_generation.vllm_client.base_url)]
+                if self.accelerator.is_main_process
+                else [None]
+            )
+            context = broadcast_object_list(served, from_process=0)[0]
+            source = "the vLLM server's max_model_len"
         else:
             context = model_context_length(self.accelerator.unwrap_model(self.model).config)
             source = "the model config's max_position_embeddings times its RoPE scaling factor"

@@ -42,6 +42,7 @@ from trl_aspo.infra.prompt_stream import (
     attach_dispatch_control,
     attach_prompt_priorities,
     attach_rollout_tracking,
+    attach_served_context_check,
 )
 from trl_aspo.infra.sample_checks import CheckedRolloutQueue
 from trl_aspo.infra.step_batches import (
@@ -181,6 +182,7 @@ class AsyncASPOTrainer(
         if self.args.scores_on_trainer:
             self._start_rollout_tracking()
         self._dispatch_control = self._start_dispatch_control()
+        attach_served_context_check(self.rollout_worker)
         self._warned_untracked_samples = False
         self._micro_batches_of_step = 0
         # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.

@@ -53,7 +53,7 @@ smoke: $(STAMP)
 # The whole suite (tests/unit and tests/integration): a line after each test file (its outcomes, seconds and the
 # count so far), and the 15 slowest tests at the end.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 --file-progress --ignore=tests/sharded --ignore=tests/real_model
+	$(BIN)/python -m pytest -q --durations=40 --file-progress --ignore=tests/sharded --ignore=tests/real_model
 
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)
@@ -102,7 +102,7 @@ install-vllm: $(VLLM_STAMP)
 
 # install-smollm2: tests/vllm_tier/test_smollm2_vllm.py serves the converted SmolLM2 from the shared cache.
 test-vllm: $(VLLM_STAMP) install-smollm2
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q --file-progress tests/vllm_tier
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python -m pytest -q --durations=0 --file-progress tests/vllm_tier
 
 # Wheels for scripts/gpu_check.py on the GPU machine (Python 3.12, no network): into build/gpu_wheels.
 .PHONY: gpu-wheels

@@ -1,4 +1,5 @@
-"""GPU check: step time and peak memory of `ASPOTrainer` against `GRPOTrainer`, and a device/dtype audit.
+"""GPU check: step time and peak memory of `ASPOTrainer` against `GRPOTrainer`, a device/dtype audit, and both
+trainers on SmolLM2-135M's architecture and tokenizer in bf16 and fp32.
 
 What is measured
 ----------------
@@ -32,9 +33,30 @@ drift on the device in the model dtype and checks the dtype and device of every 
 design, the value tracker is a host-side table of float64 by design), and checks the dtype and device of the
 trainers' loss and advantages in the real step.
 
-`--small` (automatic without CUDA) runs the same on CPU in float32 with hidden 64, 2 layers, a 4,096-entry
-vocabulary and 64-token completions, so the script is tested without a GPU (tests/integration/test_gpu_check.py); a
-CPU ratio says little about the GPU one.
+The SmolLM2 case
+----------------
+SmolLM2-135M's architecture (`LlamaForCausalLM`: hidden 576, 30 layers, 9 heads, 3 KV heads, tied embeddings) with
+its real tokenizer, as `trl_aspo.builtin.smollm2` converts it (49,156 entries: `<tool_call>`, `</tool_call>`,
+`<tool_response>`, `</tool_response>` added as single tokens; TRL's Qwen2.5 chat template), from the config and
+tokenizer files in `scripts/gpu_assets/smollm2_135m/` (3.5 MB; scripts/gpu_assets/copy_smollm2.py copies them from
+the converted folder). The weights are random (seed 0): the real ones (538 MB in float32) cannot reach the GPU machine,
+which takes 64 MiB of carried files and has no network. In bf16 and in fp32, `ASPOTrainer` (through `rollout_func`,
+as above) and `AsyncASPOTrainer` (through `ReplayWorker`, a rollout worker that replays pre-made samples and
+generates nothing) each run one `train()` of `--steps` steps with `loss_type="aspo"`, `tool_shaping=True`,
+`advantage_estimator="spo++"` and one completion per prompt, one trainer at a time. The rows are chat prompts offering
+a calculator tool and completions of the same length as above in the tokenizer's ids, where every other completion
+writes a real `<tool_call>` JSON `</tool_call>` followed by the tool's turn (not generated), so tool detection and
+shaping run on the real tokenizer's call tokens. Recorded per run: the step times (the first dropped) and their median,
+peak memory, and checks that every parameter is in the run's dtype on the device, that the loss and advantages of the
+real step are floating on the device, and that tool detection finds the calls (half the completions). On CUDA the
+asynchronous trainer's packed tree attention uses the package's PyTorch fallback unless TRL's FA3 kernel loads from
+the Hub (it cannot there); the result says which ran. The case is a dtype/device and code-path check; its timings are
+not compared with anything.
+
+`--small` (automatic without CUDA) runs both cases on CPU: the Qwen case in float32 with hidden 64, 2 layers, a
+4,096-entry vocabulary and 64-token completions; the SmolLM2 case with 2 layers and hidden 64 but the real tokenizer,
+in bf16 and fp32, with 96-token completions. So the script is tested without a GPU (tests/integration/
+test_gpu_check.py); a CPU ratio says little about the GPU one. `--case qwen` or `--case smollm2` runs one case.
 
 Running it on the GPU machine (Python 3.12, no network; torch, transformers, accelerate, peft, pyarrow, pandas are
 preinstalled; trl, datasets, dill, multiprocess and this package are not): build the wheels here with
@@ -45,24 +67,32 @@ tool with `carry=["build/gpu_wheels"]`, `timeout_s=600` and this command (one li
     > $OUT/pip.log 2>&1 || { echo "resolver install failed (pip.log); installing without dependency checks";
     python3 -m pip install -q --no-index --no-deps --target /tmp/site $W/trl-*.whl $W/datasets-*.whl
     $W/dill-*.whl $W/multiprocess-*.whl >> $OUT/pip.log 2>&1 && export PYTHONPATH=/tmp/site; };
-    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1 HF_HUB_OFFLINE=1
     python3 scripts/gpu_check.py --out $OUT/gpu_check.json 2>&1 | tee $OUT/gpu_check.log
 
 pip keeps every preinstalled package that satisfies the pins and takes the rest from the wheels; `PYTHONPATH=$PWD`
-makes the working tree's `trl_aspo` the one measured (the wheel only brings its dependency list). The script keeps
-itself to `--time-budget` seconds (420 by default) by running fewer repeats when steps are slow; the result records
-the versions it ran with. Exit status 1 means a device/dtype check failed.
+makes the working tree's `trl_aspo` the one measured (the wheel only brings its dependency list); `HF_HUB_OFFLINE=1`
+keeps TRL's FA3 kernel lookup off the network, which the machine does not have. The script keeps itself to
+`--time-budget` seconds (420 by default) by running fewer repeats of the Qwen case when steps are slow, leaving 90 s of
+it to the SmolLM2 case that follows (an estimate, not a measurement); the JSON file is written after each case, so a
+run stopped during the SmolLM2 case keeps the Qwen result. The result records the versions it ran with. Exit status 1
+means a check failed (in either case).
 
-Usage: python scripts/gpu_check.py [--out gpu_check.json] [--small] [--repeats 10] [--steps 4] [--batch 8]
+Usage: python scripts/gpu_check.py [--out gpu_check.json] [--small] [--case all|qwen|smollm2] [--repeats 10]
+       [--steps 4] [--batch 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import gc
 import importlib.metadata
 import json
+import math
 import platform
+import queue
 import statistics
 import sys
 import tempfile
@@ -72,15 +102,27 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from datasets import Dataset
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, TrainerCallback, set_seed
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    TrainerCallback,
+    set_seed,
+)
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from trl import GRPOConfig, GRPOTrainer
+from trl.experimental.async_grpo import packing
+from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
 import trl_aspo
-from trl_aspo import ASPOConfig, ASPOTrainer
+from trl_aspo import ASPOConfig, ASPOTrainer, AsyncASPOConfig, AsyncASPOTrainer
 from trl_aspo.algorithms.losses import (
     aggregate_loss,
     asymmetric_policy_loss,
@@ -89,6 +131,7 @@ from trl_aspo.algorithms.losses import (
     unflipped_sample_mask,
 )
 from trl_aspo.algorithms.tool_metrics import first_tool_call_positions
+from trl_aspo.infra.tree_attention import TORCH_VARLEN_KERNEL, install_tree_attention_fallback
 from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.kl_rho import kl_adaptive_rho, logprob_drift
 from trl_aspo.values.scoring import normalize_advantages, tool_shaping_bias
@@ -251,26 +294,28 @@ def recording(trainer_cls):
     return Recording
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def describe(tensor: torch.Tensor) -> dict[str, str]:
-    return {"dtype": str(tensor.dtype).removeprefix("torch."), "device": tensor.device.type}
+    return {"dtype": dtype_name(tensor.dtype), "device": tensor.device.type}
 
 
+# The three methods, on in every ASPO run of this script (both trainers).
+ASPO_METHODS = {"num_generations": 1, "loss_type": "aspo", "tool_shaping": True, "advantage_estimator": "spo++"}
 ROWS = {
     "grpo": (GRPOTrainer, GRPOConfig, {"num_generations": 2}),
-    "aspo": (
-        ASPOTrainer,
-        ASPOConfig,
-        {"num_generations": 1, "loss_type": "aspo", "tool_shaping": True, "advantage_estimator": "spo++"},
-    ),
+    "aspo": (ASPOTrainer, ASPOConfig, ASPO_METHODS),
 }
 
 
-def build_trainer(name, model, tokenizer, rollout, args, shape, device, dtype, output_dir):
+def build_trainer(name, model, tokenizer, rollout, args, completion_length, device, dtype, output_dir):
     trainer_cls, config_cls, extra = ROWS[name]
     config = config_cls(
         output_dir=output_dir,
         per_device_train_batch_size=args.batch,
-        max_completion_length=shape.completion_length,
+        max_completion_length=completion_length,
         max_steps=args.steps,
         learning_rate=0.0,
         logging_steps=1,
@@ -302,7 +347,7 @@ def train_once(trainer) -> None:
 
 def expect(name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> dict:
     ok = tensor.dtype == dtype and tensor.device.type == device.type
-    return {"name": name, **describe(tensor), "expected_dtype": str(dtype).removeprefix("torch."), "ok": ok}
+    return {"name": name, **describe(tensor), "expected_dtype": dtype_name(dtype), "ok": ok}
 
 
 def device_dtype_checks(device: torch.device, dtype: torch.dtype, shape: Shape, batch: int) -> list[dict]:
@@ -415,23 +460,390 @@ def package_sync_sites(records: list[warnings.WarningMessage], package_root: Pat
     return dict(sites.most_common())
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="gpu_check.json", help="JSON result file")
-    parser.add_argument("--small", action="store_true", help="small CPU model (automatic without CUDA)")
-    parser.add_argument("--repeats", type=int, help="train() calls per trainer, interleaved (10 GPU, 2 small)")
-    parser.add_argument("--steps", type=int, help="steps per train() call, the first not timed (4 GPU, 3 small)")
-    parser.add_argument("--batch", type=int, default=None, help="completions per step (8 GPU, 4 small)")
-    parser.add_argument("--completion-length", type=int, help="tokens per completion (1024 GPU, 64 small)")
-    parser.add_argument("--vocab", type=int, help="vocabulary size (151936 GPU, 4096 small)")
-    parser.add_argument("--time-budget", type=float, default=420.0, help="seconds; fewer repeats when exceeded")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=".*(on-policy|rollout_func|experimental).*")
+# ------------------------------------------------------------------------------------------------ the SmolLM2 case
+SMOLLM2_ASSETS = Path(__file__).resolve().parent / "gpu_assets" / "smollm2_135m"
+# The CPU run's model: SmolLM2's architecture at 2 layers; the tokenizer, and so the vocabulary, stay the real ones.
+SMOLLM2_SMALL = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+SMOLLM2_SMALL_COMPLETION = 96  # room for the call, the tool's turn and the answer (about 70 tokens)
+SMOLLM2_DTYPES = (torch.bfloat16, torch.float32)
+SMOLLM2_TRAINERS = ("aspo", "async_aspo")
+# Seconds of --time-budget the Qwen case leaves to the SmolLM2 case after it on the GPU: an estimate (two dtypes x two
+# trainers x --steps steps of a 135M model, plus building each trainer), not a measurement.
+SMOLLM2_RESERVE_S = 90.0
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "for example 12*7"}},
+            "required": ["expression"],
+        },
+    },
+}
 
-    small = args.small or not torch.cuda.is_available()
-    device = torch.device("cpu" if small else "cuda")
+
+def smollm2_config(small: bool):
+    """SmolLM2-135M's `LlamaConfig` from the carried assets (30 layers, hidden 576, 49,156 entries with the four
+    added tool tokens), shrunk to `SMOLLM2_SMALL` in the small mode."""
+    config = AutoConfig.from_pretrained(SMOLLM2_ASSETS)
+    if small:
+        for name, value in SMOLLM2_SMALL.items():
+            setattr(config, name, value)
+    return config
+
+
+def build_smollm2(config, device, dtype: torch.dtype) -> LlamaForCausalLM:
+    """`LlamaForCausalLM` of `config` with random weights (seed 0): no weight file reaches the GPU machine."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        return LlamaForCausalLM._from_config(config, dtype=dtype)
+
+
+def smollm2_rows(tokenizer, batch: int, completion_length: int, seed: int = 0) -> list[dict]:
+    """The SmolLM2 case's pre-made rows in the real tokenizer's ids: a chat prompt offering a calculator tool (the
+    template the conversion sets, TRL's Qwen2.5 one) and a completion of exactly `completion_length` tokens.
+
+    Even rows write a real call, `<tool_call>` JSON `</tool_call>` and `<|im_end|>` (the conversion makes the tool
+    markers single added tokens), at a position that grows with the row, followed by the tool's turn as TRL appends
+    it, which `env_mask` marks as not generated; every row ends with the answer and `<|im_end|>`. The rest is filler:
+    random ids of ordinary vocabulary entries (no special or added token)."""
+    generator = torch.Generator().manual_seed(seed)
+    ordinary = torch.tensor(sorted(set(range(len(tokenizer))) - set(tokenizer.added_tokens_decoder)))
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    rows = []
+    for row in range(batch):
+        a, b = 12 + row, 7 + 3 * row
+        messages = [
+            {"role": "system", "content": "You are a careful assistant. Use the calculator for arithmetic."},
+            {"role": "user", "content": f"What is {a}*{b}?"},
+        ]
+        prompt_ids = tokenizer.apply_chat_template(
+            messages, tools=[CALCULATOR_TOOL], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        call, response = [], []
+        if row % 2 == 0:
+            arguments = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}*{b}"}})
+            call = encode(f"<tool_call>\n{arguments}\n</tool_call><|im_end|>")
+            response = encode(f"\n<|im_start|>user\n<tool_response>\n{a * b}\n</tool_response><|im_end|>\n")
+            response += encode("<|im_start|>assistant\n")
+        answer = encode(f"The answer is {a * b}.<|im_end|>")
+        free = completion_length - len(call) - len(response) - len(answer)
+        if free < 0:
+            raise ValueError(
+                f"SmolLM2 case: a completion of {completion_length} tokens cannot hold the call, the tool's turn and "
+                f"the answer ({completion_length - free} tokens); raise --completion-length."
+            )
+        filler = ordinary[torch.randint(len(ordinary), (free,), generator=generator)].tolist()
+        before = row * free // (2 * batch)
+        rows.append(
+            {
+                "messages": messages,
+                "prompt_ids": list(prompt_ids),
+                "completion_ids": filler[:before] + call + response + filler[before:] + answer,
+                "env_mask": [1] * (before + len(call)) + [0] * len(response) + [1] * (free - before + len(answer)),
+            }
+        )
+    return rows
+
+
+def smollm2_samples(tokenizer, rows: list[dict]) -> list[RolloutSample]:
+    """One `RolloutSample` per row, as TRL's rollout worker hands a one-completion group to the trainer: prompt and
+    completion ids laid end to end, `completion_mask` 1 on the generated tokens (0 on the prompt and the tool's turn),
+    the row's reward from `REWARD_PATTERN`. The generator's log-probs are -log(vocabulary size) on every generated
+    token: a randomly initialized model's next-token distribution is close to uniform, so the ratio stays near 1."""
+    uniform = -math.log(len(tokenizer))
+    samples = []
+    for index, row in enumerate(rows):
+        mask = [0] * len(row["prompt_ids"]) + row["env_mask"]
+        samples.append(
+            RolloutSample(
+                prompt=row["messages"],
+                completion=[{"role": "assistant", "content": tokenizer.decode(row["completion_ids"])}],
+                input_ids=np.asarray(row["prompt_ids"] + row["completion_ids"], dtype=np.int64),
+                completion_mask=np.asarray(mask, dtype=np.int64),
+                old_log_probs=np.asarray([uniform * keep for keep in mask], dtype=np.float32),
+                advantage=0.0,
+                model_version=0,
+                group_id=index,
+                metrics={"reward": REWARD_PATTERN[index % len(REWARD_PATTERN)], "reward_std": 0.0},
+            )
+        )
+    return samples
+
+
+class ReplayQueue(queue.Queue):
+    """Hands out `samples` in a cycle without waiting, each stamped with the worker's current model version (none is
+    ever stale) and a new group id (each a one-completion group, as spo++ trains)."""
+
+    def __init__(self, samples, version):
+        super().__init__()
+        self.samples, self.version, self.taken = samples, version, 0
+
+    def get(self, *args, **kwargs):
+        sample = self.samples[self.taken % len(self.samples)]
+        self.taken += 1
+        return dataclasses.replace(sample, model_version=self.version(), group_id=self.taken)
+
+    def qsize(self):
+        return len(self.samples)
+
+
+class ReplayWorker:
+    """A rollout worker (TRL's `RolloutWorkerProtocol`) that generates nothing: it replays pre-made samples, so the
+    asynchronous trainer's steps are timed without generation, as `rollout_func` does for the synchronous one."""
+
+    def __init__(self, samples):
+        self.model_version = 0
+        self.rollout_buffer = ReplayQueue(samples, lambda: self.model_version)
+        self.metrics_queue = queue.Queue()
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+    def update_model_version(self, model_version):
+        self.model_version = model_version
+
+    def check_health(self, stale_after_s):
+        pass
+
+
+class NoWeightTransfer:
+    """TRL's `WeightTransferProtocol` without an inference server: a publish only reads the weights."""
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        for _ in iterator:
+            pass
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass
+
+
+def recording_async(trainer_cls):
+    """`trainer_cls` (asynchronous) noting the dtype and device of its first loss and of the advantages it trains on
+    (TRL's `compute_loss` is the one method that sees both)."""
+
+    class Recording(trainer_cls):
+        seen: dict
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            self.seen.setdefault("advantages", describe(inputs["advantages"]))
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            self.seen.setdefault("loss", describe(loss[0] if return_outputs else loss))
+            return loss
+
+    Recording.__name__ = trainer_cls.__name__
+    return Recording
+
+
+def build_async_trainer(model_dir, tokenizer, rows, args, completion_length, device, dtype, output_dir):
+    """`AsyncASPOTrainer` on the model saved in `model_dir` (it loads its policy from a path), the three methods on,
+    trained on `rows` replayed by a `ReplayWorker`."""
+    config = AsyncASPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=args.batch,
+        max_completion_length=completion_length,
+        max_steps=args.steps,
+        learning_rate=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=device.type == "cpu",
+        bf16=dtype == torch.bfloat16,
+        dtype=dtype_name(dtype),
+        token_budget=0,  # a fixed count of samples per micro-batch: without a vLLM server there is no max_model_len
+        seed=0,
+        disable_tqdm=True,
+        **ASPO_METHODS,
+    )
+    trainer = recording_async(AsyncASPOTrainer)(
+        model_dir,
+        reward_funcs=[pattern_reward],
+        args=config,
+        train_dataset=Dataset.from_dict({"prompt": [row["messages"] for row in rows]}),
+        processing_class=tokenizer,
+        rollout_worker=ReplayWorker(smollm2_samples(tokenizer, rows)),
+        weight_transfer=NoWeightTransfer(),
+    )
+    trainer.seen = {}
+    for callback in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(callback)
+    recorder = StepRecorder(device)
+    trainer.add_callback(recorder)
+    return trainer, recorder
+
+
+def last_log(trainer) -> dict:
+    """The `LOGGED` values of the trainer's last optimizer step."""
+    log = [entry for entry in trainer.state.log_history if "loss" in entry][-1]
+    return {key: log.get(key) for key in LOGGED}
+
+
+def release_memory(device: torch.device) -> None:
+    """Collect the trainers of an earlier run, so the next run's peak memory is its own."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def timed_train(trainer, recorder, device: torch.device) -> dict:
+    """One `train()` (`--steps` steps, the first not timed): step times and peak memory (CUDA only)."""
+    start_bytes = peak = None
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start_bytes = torch.cuda.memory_allocated()
+    train_once(trainer)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated()
+    return {
+        "median_step_s": statistics.median(recorder.times),
+        "step_s": recorder.times,
+        "peak_memory_bytes": peak,
+        "peak_memory_over_start_bytes": None if peak is None else peak - start_bytes,
+        "last_log": last_log(trainer),
+    }
+
+
+def smollm2_run(kind, config, tokenizer, rows, args, completion_length, device, dtype, scratch) -> tuple[dict, list]:
+    """One trainer of the SmolLM2 case in one dtype: its timed `train()` and its checks (every parameter in `dtype`
+    on the device, the loss and advantages floating on the device, the rows' calls found by tool detection)."""
+    label = f"smollm2 {dtype_name(dtype)} {kind}"
+    model = build_smollm2(config, device, dtype)
+    output_dir = f"{scratch}/{label.replace(' ', '-')}"
+    if kind == "aspo":
+        rollout = make_rollout(rows)
+        trainer, recorder = build_trainer(
+            "aspo", model, tokenizer, rollout, args, completion_length, device, dtype, output_dir
+        )
+    else:
+        model_dir = f"{output_dir}-model"
+        model.save_pretrained(model_dir)
+        del model
+        trainer, recorder = build_async_trainer(
+            model_dir, tokenizer, rows, args, completion_length, device, dtype, output_dir
+        )
+    try:
+        record = {"trainer": kind, "dtype": dtype_name(dtype), **timed_train(trainer, recorder, device)}
+        if kind == "async_aspo":
+            kernel = packing._flash_attn()  # resolved (and cached) by the run's first forward
+            record["tree_attention"] = "PyTorch fallback" if kernel is TORCH_VARLEN_KERNEL else "FA3 kernel"
+        parameters = list(trainer.model.parameters())
+        dtypes = sorted({dtype_name(p.dtype) for p in parameters})
+        devices = sorted({p.device.type for p in parameters})
+        checks = [
+            {
+                "name": f"{label} model parameters",
+                "dtype": ",".join(dtypes),
+                "device": ",".join(devices),
+                "expected_dtype": dtype_name(dtype),
+                "ok": dtypes == [dtype_name(dtype)] and devices == [device.type],
+            }
+        ]
+        for what, seen in trainer.seen.items():
+            ok = seen["device"] == device.type and seen["dtype"] in ("float32", "bfloat16", "float16")
+            checks.append({"name": f"{label} step {what}", **seen, "expected_dtype": "floating", "ok": ok})
+        calling = sum(0 in row["env_mask"] for row in rows) / len(rows)
+        found = record["last_log"]["tools/tool_call_frac"]
+        checks.append(
+            {"name": f"{label} tool calls detected", "value": found, "expected": calling, "ok": found == calling}
+        )
+    finally:
+        free_trainer(trainer)
+    return record, checks
+
+
+def free_trainer(trainer) -> None:
+    """Drop every reference the trainer holds to its model and optimizer. TRL's asynchronous trainer outlives its
+    run (the trace-logging thread of its rollout dataset holds the dataset, which holds the trainer), so without
+    this the next run would start with its weights and optimizer states still allocated."""
+    trainer.accelerator.free_memory()
+    for holder in (trainer, trainer.callback_handler):
+        holder.model = holder.optimizer = holder.lr_scheduler = None
+    trainer.model_wrapped = None
+
+
+def smollm2_case(args, small: bool, device: torch.device) -> dict:
+    """SmolLM2-135M's architecture and real tokenizer with random weights, in bf16 and fp32, through `ASPOTrainer`
+    and `AsyncASPOTrainer` (the three methods on): one `train()` of `--steps` steps each, one trainer alive at a
+    time."""
+    install_tree_attention_fallback()  # TRL fetches its FA3 kernel from the Hub, which the GPU machine cannot reach
+    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2_ASSETS)
+    config = smollm2_config(small)
+    completion_length = args.completion_length or (SMOLLM2_SMALL_COMPLETION if small else QWEN25_05B.completion_length)
+    rows = smollm2_rows(tokenizer, args.batch, completion_length)
+    parameters = sum(p.numel() for p in build_smollm2(config, "meta", torch.float32).parameters())
+    print(
+        f"SmolLM2 case: LlamaForCausalLM {parameters / 1e6:.1f}M parameters (random weights), vocab "
+        f"{config.vocab_size}, {args.batch} completions x {completion_length} tokens per step, {device}",
+        flush=True,
+    )
+    runs, checks = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for dtype in SMOLLM2_DTYPES:
+            for kind in SMOLLM2_TRAINERS:
+                release_memory(device)
+                # As in the Qwen case: a run that fails is a finding; the other runs still go.
+                try:
+                    record, run_checks = smollm2_run(
+                        kind, config, tokenizer, rows, args, completion_length, device, dtype, scratch
+                    )
+                except Exception as error:
+                    traceback.print_exc()
+                    name = f"smollm2 {dtype_name(dtype)} {kind}"
+                    message = f"{type(error).__name__}: {error}"
+                    record = {"trainer": kind, "dtype": dtype_name(dtype), "error": message}
+                    run_checks = [{"name": name, "ok": False, "error": message}]
+                runs.append(record)
+                checks += run_checks
+    return {
+        "assets": str(SMOLLM2_ASSETS.relative_to(SMOLLM2_ASSETS.parents[2])),
+        "weights": "random (seed 0): the real weights cannot reach the GPU machine (64 MiB carried, no network)",
+        "model": {
+            "parameters": parameters,
+            "hidden": config.hidden_size,
+            "layers": config.num_hidden_layers,
+            "heads": config.num_attention_heads,
+            "kv_heads": config.num_key_value_heads,
+            "intermediate": config.intermediate_size,
+            "vocab": config.vocab_size,
+        },
+        "completions_per_step": args.batch,
+        "completion_length": completion_length,
+        "prompt_lengths": [len(row["prompt_ids"]) for row in rows],
+        "timed_steps": args.steps - 1,
+        "runs": runs,
+        "checks": checks,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------- the run
+def qwen_case(args, small: bool, device: torch.device, started: float, time_budget: float) -> dict:
+    """The Qwen2.5-0.5B-shape comparison of `GRPOTrainer` and `ASPOTrainer` (the module docstring); fewer repeats
+    once the script's elapsed time would pass `time_budget`."""
     dtype = torch.float32 if small else torch.bfloat16
     base = SMALL if small else QWEN25_05B
     shape = Shape(
@@ -441,14 +853,6 @@ def main(argv: list[str] | None = None) -> dict:
             **({"completion_length": args.completion_length} if args.completion_length else {}),
         }
     )
-    args.repeats = args.repeats or (2 if small else 10)
-    args.steps = args.steps or (3 if small else 4)
-    args.batch = args.batch or (4 if small else 8)
-    if args.steps < 2 or args.repeats < 1 or args.batch < 2 or args.batch % 2:
-        parser.error("--steps must be >= 2 (the first is warm-up), --repeats >= 1, --batch even and >= 2")
-    if small:
-        torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-
     tokenizer = build_tokenizer(shape.vocab)
     model = build_model(shape, device, dtype)
     parameters = sum(p.numel() for p in model.parameters())
@@ -470,7 +874,15 @@ def main(argv: list[str] | None = None) -> dict:
         for name in ROWS:
             copy = model if name == "aspo" else build_model(shape, device, dtype)
             trainers[name] = build_trainer(
-                name, copy, tokenizer, make_rollout(rows), args, shape, device, dtype, f"{scratch}/{name}"
+                name,
+                copy,
+                tokenizer,
+                make_rollout(rows),
+                args,
+                shape.completion_length,
+                device,
+                dtype,
+                f"{scratch}/{name}",
             )
         del model
         for trainer, recorder in trainers.values():
@@ -493,7 +905,7 @@ def main(argv: list[str] | None = None) -> dict:
                     peaks_over_start[name] = max(peaks_over_start[name], peak - start_bytes)
             repeats_done += 1
             elapsed = time.perf_counter() - started
-            if elapsed / (repeats_done + 1) * (repeats_done + 2) > args.time_budget:
+            if elapsed / (repeats_done + 1) * (repeats_done + 2) > time_budget:
                 print(f"time budget: stopping after {repeats_done} repeats ({elapsed:.0f} s)", flush=True)
                 break
         syncs = sync_error = None
@@ -507,10 +919,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     medians = {name: statistics.median(recorder.times) for name, (_, recorder) in trainers.items()}
     ratio = medians["aspo"] / medians["grpo"]
-    result = {
-        "mode": "small-cpu" if small else "gpu",
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-        "dtype": str(dtype).removeprefix("torch."),
+    return {
+        "dtype": dtype_name(dtype),
         "model": {"parameters": parameters, **shape.__dict__},
         "completions_per_step": args.batch,
         "repeats": repeats_done,
@@ -523,7 +933,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "peak_memory_over_start_bytes": peaks_over_start[name] if device.type == "cuda" else None,
                 "syncs_per_step": None if syncs is None else syncs[name]["per_step"],
                 "package_sync_sites": None if syncs is None else syncs[name]["package_sites"],
-                "last_log": {key: trainer.state.log_history[-2].get(key) for key in LOGGED},
+                "last_log": last_log(trainer),
             }
             for name, (trainer, recorder) in trainers.items()
         },
@@ -532,22 +942,102 @@ def main(argv: list[str] | None = None) -> dict:
         "goal_ratio": GOAL_RATIO,
         "meets_goal": ratio <= GOAL_RATIO,
         "checks": checks,
-        "all_checks_ok": all(check["ok"] for check in checks),
-        "versions": {
-            "python": platform.python_version(),
-            **{name: importlib.metadata.version(name) for name in DISTRIBUTIONS},
-            "trl_aspo_source": str(Path(trl_aspo.__file__).parent),
-        },
-        "elapsed_s": time.perf_counter() - started,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def all_checks(result: dict) -> list[dict]:
+    """The checks of every case that ran."""
+    return result.get("checks", []) + result.get("smollm2", {}).get("checks", [])
+
+
+def write_result(result: dict, out: str, started: float) -> None:
+    """Complete `result` (checks verdict, versions, elapsed time) and write it to `out`."""
+    result["all_checks_ok"] = all(check["ok"] for check in all_checks(result))
+    result["versions"] = {
+        "python": platform.python_version(),
+        **{name: importlib.metadata.version(name) for name in DISTRIBUTIONS},
+        "trl_aspo_source": str(Path(trl_aspo.__file__).parent),
+    }
+    result["elapsed_s"] = time.perf_counter() - started
+    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="gpu_check.json", help="JSON result file")
+    parser.add_argument("--small", action="store_true", help="small CPU models (automatic without CUDA)")
+    parser.add_argument("--case", choices=("all", "qwen", "smollm2"), default="all", help="which case(s) to run")
+    parser.add_argument("--repeats", type=int, help="train() calls per trainer, interleaved (10 GPU, 2 small)")
+    parser.add_argument("--steps", type=int, help="steps per train() call, the first not timed (4 GPU, 3 small)")
+    parser.add_argument("--batch", type=int, default=None, help="completions per step (8 GPU, 4 small)")
+    parser.add_argument(
+        "--completion-length", type=int, help="tokens per completion (1024 GPU; 64 small, 96 small SmolLM2)"
+    )
+    parser.add_argument("--vocab", type=int, help="the Qwen case's vocabulary size (151936 GPU, 4096 small)")
+    parser.add_argument("--time-budget", type=float, default=420.0, help="seconds; fewer repeats when exceeded")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*(on-policy|rollout_func|experimental).*")
+    # The replayed rows hold calls that no tool runs here: the package's warning about that says nothing new.
+    warnings.filterwarnings("ignore", message=".*tool_shaping=True, but the trainer has no.*")
+
+    small = args.small or not torch.cuda.is_available()
+    device = torch.device("cpu" if small else "cuda")
+    args.repeats = args.repeats or (2 if small else 10)
+    args.steps = args.steps or (3 if small else 4)
+    args.batch = args.batch or (4 if small else 8)
+    if args.steps < 2 or args.repeats < 1 or args.batch < 2 or args.batch % 2:
+        parser.error("--steps must be >= 2 (the first is warm-up), --repeats >= 1, --batch even and >= 2")
+    if small:
+        torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+    result = {
+        "mode": "small-cpu" if small else "gpu",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "case": args.case,
+    }
+    if args.case in ("all", "qwen"):
+        reserve = SMOLLM2_RESERVE_S if args.case == "all" and not small else 0.0
+        result.update(qwen_case(args, small, device, started, args.time_budget - reserve))
+        write_result(result, args.out, started)  # kept should the SmolLM2 case run past the command's limit
+    if args.case in ("all", "smollm2"):
+        release_memory(device)
+        result["smollm2"] = smollm2_case(args, small, device)
+    write_result(result, args.out, started)
     print_table(result)
     print(f"wrote {args.out}")
     return result
 
 
 def print_table(result: dict) -> None:
-    gib = 2**30
+    """The result as Markdown tables and a line per failed check."""
+    if "trainers" in result:
+        print_qwen_table(result)
+    if "smollm2" in result:
+        print_smollm2_table(result["smollm2"], result["mode"], result["device"])
+    checks = all_checks(result)
+    failed = [check for check in checks if not check["ok"]]
+    print(f"device/dtype checks: {len(checks) - len(failed)}/{len(checks)} ok")
+    for check in failed:
+        if "error" in check:
+            detail = check["error"]
+        elif "expected" in check:
+            detail = f"{check['value']}, expected {check['expected']}"
+        else:
+            detail = f"{check['dtype']} on {check['device']}, expected {check['expected_dtype']}"
+        print(f"  FAIL {check['name']}: {detail}")
+
+
+def gib(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.2f}"
+
+
+def number(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_qwen_table(result: dict) -> None:
     print(
         f"\n{result['mode']} on {result['device']}, {result['dtype']}, {result['model']['parameters'] / 1e6:.1f}M "
         f"parameters, vocab {result['model']['vocab']}, {result['completions_per_step']} x "
@@ -558,27 +1048,36 @@ def print_table(result: dict) -> None:
     print("|---|---:|---:|---:|---:|---:|")
     grpo = result["trainers"]["grpo"]["median_step_s"]
     for name, row in result["trainers"].items():
-        peak = "n/a" if row["peak_memory_bytes"] is None else f"{row['peak_memory_bytes'] / gib:.2f}"
-        over = (
-            "n/a"
-            if row["peak_memory_over_start_bytes"] is None
-            else f"{row['peak_memory_over_start_bytes'] / gib:.2f}"
-        )
         syncs = "n/a" if row["syncs_per_step"] is None else f"{row['syncs_per_step']:g}"
-        cells = [f"{1e3 * row['median_step_s']:.1f}", f"{row['median_step_s'] / grpo:.3f}x", peak, over, syncs]
+        cells = [f"{1e3 * row['median_step_s']:.1f}", f"{row['median_step_s'] / grpo:.3f}x"]
+        cells += [gib(row["peak_memory_bytes"]), gib(row["peak_memory_over_start_bytes"]), syncs]
         print(f"| {name} | " + " | ".join(cells) + " |")
     verdict = "meets" if result["meets_goal"] else "misses"
     print(f"ratio aspo/grpo {result['ratio_aspo_over_grpo']:.3f} ({verdict} the {result['goal_ratio']}x goal)")
     sites = result["trainers"]["aspo"]["package_sync_sites"]
     if sites:
         print("package lines that synchronize (aspo call): " + ", ".join(f"{k} x{v}" for k, v in sites.items()))
-    failed = [check for check in result["checks"] if not check["ok"]]
-    print(f"device/dtype checks: {len(result['checks']) - len(failed)}/{len(result['checks'])} ok")
-    for check in failed:
-        if "error" in check:
-            print(f"  FAIL {check['name']}: {check['error']}")
-        else:
-            print(f"  FAIL {check['name']}: {check['dtype']} on {check['device']}, expected {check['expected_dtype']}")
+
+
+def print_smollm2_table(case: dict, mode: str, device: str) -> None:
+    model = case["model"]
+    print(
+        f"\nSmolLM2 case, {mode} on {device}: LlamaForCausalLM {model['parameters'] / 1e6:.1f}M parameters, "
+        f"{model['layers']} layers, random weights, real tokenizer (vocab {model['vocab']}), "
+        f"{case['completions_per_step']} x {case['completion_length']} tokens per step, "
+        f"{case['timed_steps']} timed steps"
+    )
+    print("| dtype | trainer | median step (ms) | peak (GiB) | peak over start (GiB) | loss | tool-call share |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for run in case["runs"]:
+        if "error" in run:
+            print(f"| {run['dtype']} | {run['trainer']} | failed: {run['error'][:80]} | | | | |")
+            continue
+        logged = run["last_log"]
+        cells = [f"{1e3 * run['median_step_s']:.1f}", gib(run["peak_memory_bytes"])]
+        cells += [gib(run["peak_memory_over_start_bytes"]), number(logged["loss"], ".4g")]
+        cells.append(number(logged["tools/tool_call_frac"], "g"))
+        print(f"| {run['dtype']} | {run['trainer']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ from trl_aspo.infra.step_batches import (
     completion_texts,
 )
 from trl_aspo.infra.vllm_cpu import CPUWeightTransfer, on_cpu, tied_parameter_aliases
+from trl_aspo.infra.worker_stop import attach_safe_stop
 from trl_aspo.trainers.async_grpo_loss import AsyncGRPOLossMixin
 from trl_aspo.trainers.graceful_stop import GracefulStopMixin
 from trl_aspo.trainers.local_worker_resume import LocalWorkerResumeMixin
@@ -183,6 +184,7 @@ class AsyncASPOTrainer(
             self._start_rollout_tracking()
         self._dispatch_control = self._start_dispatch_control()
         attach_served_context_check(self.rollout_worker)
+        attach_safe_stop(self.rollout_worker)
         self._warned_untracked_samples = False
         self._micro_batches_of_step = 0
         # Every sample read (from either worker) has its generator log-probs checked; a bad one drops its group.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -19,7 +20,17 @@ CONFIGS = {"sync": REPO_ROOT / "configs" / "quickstart.yaml", "async": REPO_ROOT
 def train(cwd, *argv) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "trl_aspo.cli.main", "train", *map(str, argv)]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    # A suite started in the background by a non-interactive shell runs with SIGINT ignored, which children inherit
+    # (and the Ctrl-C case then never sees its signal): the command gets the default disposition, as in a terminal.
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 @pytest.fixture

@@ -2,9 +2,10 @@
 each optimizer step that the plugin adds to what TRL's trainer does anyway, logged beside TRL's metrics.
 
 - `timing/advantages_s`: the advantage computation: the value tracker (values at dispatch, observed outcomes, SPO's
-  KL-adaptive log-prob pass), the estimator, normalization and tool shaping, with their metrics. The synchronous
-  trainer scores once per generation round, inside the step that generates it; the asynchronous one once per
-  optimizer step, on the main process.
+  KL-adaptive log-prob pass, prioritized draws), the estimator, normalization and tool shaping, with their metrics.
+  The synchronous trainer scores once per generation round, inside the step that generates it; the asynchronous one
+  scores each optimizer step's samples on the main process when its data loader reads them, which counts in the
+  step during which they are read (a rollout batch's all at its first step).
 - `timing/policy_loss_s`: the registered loss's forward beyond TRL's model forward (`assembled_loss`: its per-token
   term, the correction factor, the KL term, the aggregation, and the loss's metrics), summed over the step's
   micro-batches. Forward only: its backward runs inside TRL's backward pass and is not separated.
@@ -16,12 +17,16 @@ each optimizer step that the plugin adds to what TRL's trainer does anyway, logg
   one's, so that each region reads as a share of it (`trl-aspo plot`).
 - `timing/value_prepass_s`: the value pre-pass (`value_init_samples`), logged once, with the first step.
 
-A region logged once is logged at every later step (0 where it did not run), so a window's mean is per step.
+A region logged once is logged at every later step (0 where it did not run), so a window's mean is per step. Each
+process times its own work; the log holds the main process's (as verl logs rank 0's).
+
 Clocks: a region on a CUDA device is a pair of `torch.cuda.Event(enable_timing=True)` recorded on the current stream
 and read (`elapsed_time`) only at the end of the optimizer step, and only once its end event has completed
-(`query()`): timing adds no synchronization, and a pair still running then is counted at a later step's end. A
-region on another device (the asynchronous trainer scores on CPU tensors), the step and the pre-pass are timed by
-`time.perf_counter`.
+(`query()`): timing adds no synchronization, and a pair still running then is counted at a later step's end. Such a
+pair measures the stream's time from the start event to the end event: the region's kernels, and the host's work in
+between while the stream has nothing else queued (host work that overlaps earlier kernels costs the step nothing and
+is not counted). A region on another device (the asynchronous trainer scores on CPU tensors), the step and the
+pre-pass are timed by `time.perf_counter`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ VALUE_PREPASS = "timing/value_prepass_s"
 
 
 def cuda_timing_event() -> torch.cuda.Event:
+    """An unrecorded CUDA event that can time (`elapsed_time`), on the current device."""
     return torch.cuda.Event(enable_timing=True)
 
 

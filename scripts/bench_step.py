@@ -9,6 +9,9 @@ and the first step of every `train()` call is dropped as warm-up. Rows:
 - `grpo`: `GRPOTrainer`, TRL's default loss (`dapo`), the baseline of every ratio;
 - `aspo`: `ASPOTrainer` with `loss_type="aspo"`, `tool_shaping=True`, `advantage_estimator="spo++"`
   (the issue's target: at most 1.02x `grpo`);
+- `aspo, timing off`: `aspo` with `log_timing=False`, the per-step timers of the trainer's own work off (`aspo` runs
+  them, as by default). Their cost is the ratio `aspo` / `aspo, timing off`, printed with the per-round ratios (a
+  round: one `train()` call of each row): no measurable cost means 1.0 lies within the rounds' spread;
 - `aspo + kl rho` (separately, vs `aspo`): the same with `advantage_estimator="spo"`, `value_rho_mode="kl"`, whose
   extra forward pass re-scores each prompt's stored completion after the update.
 
@@ -44,6 +47,11 @@ from trl_aspo.infra.vllm_cpu import cpu_weight_sync
 ROWS = {
     "grpo": (GRPOTrainer, GRPOConfig, {}),
     "aspo": (ASPOTrainer, ASPOConfig, {"loss_type": "aspo", "tool_shaping": True, "advantage_estimator": "spo++"}),
+    "aspo, timing off": (
+        ASPOTrainer,
+        ASPOConfig,
+        {"loss_type": "aspo", "tool_shaping": True, "advantage_estimator": "spo++", "log_timing": False},
+    ),
     "aspo + kl rho": (
         ASPOTrainer,
         ASPOConfig,
@@ -53,22 +61,35 @@ ROWS = {
 
 
 class StepTimer(TrainerCallback):
-    """Wall time and process CPU time of every optimizer step of a `train()` call but its first.
+    """Wall time and process CPU time of every optimizer step of a `train()` call but its first, kept per call (a
+    round of the benchmark).
 
     On a CPU shared with other work the process CPU time is the steadier measure: waiting for a core is not in it."""
 
     def __init__(self):
-        self.times: list[float] = []
-        self.cpu_times: list[float] = []
+        self.rounds: list[list[float]] = []
+        self.cpu_rounds: list[list[float]] = []
         self.start = self.cpu_start = 0.0
+
+    @property
+    def times(self) -> list[float]:
+        return [seconds for steps in self.rounds for seconds in steps]
+
+    @property
+    def cpu_times(self) -> list[float]:
+        return [seconds for steps in self.cpu_rounds for seconds in steps]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.rounds.append([])
+        self.cpu_rounds.append([])
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step > 1:
-            self.times.append(time.perf_counter() - self.start)
-            self.cpu_times.append(time.process_time() - self.cpu_start)
+            self.rounds[-1].append(time.perf_counter() - self.start)
+            self.cpu_rounds[-1].append(time.process_time() - self.cpu_start)
 
 
 def vllm_fields(args: argparse.Namespace) -> dict:
@@ -158,8 +179,8 @@ def main() -> None:
         for trainer, _ in trainers.values():
             run(trainer)  # warm-up call, not counted
         for timer in (timer for _, timer in trainers.values()):
-            timer.times.clear()
-            timer.cpu_times.clear()
+            timer.rounds.clear()
+            timer.cpu_rounds.clear()
         for _ in range(args.repeats):
             for trainer, _ in trainers.values():
                 run(trainer)
@@ -184,6 +205,31 @@ def main() -> None:
         cells = [f"{1e3 * walls[name]:.1f}", ratio(walls, name, "grpo"), ratio(walls, name, "aspo")]
         cells += [f"{1e3 * cpus[name]:.1f}", ratio(cpus, name, "grpo"), ratio(cpus, name, "aspo")]
         print(f"| {name} | " + " | ".join(cells) + f" | {lengths[name]} |")
+    if "aspo" in trainers and "aspo, timing off" in trainers:
+        on, off = trainers["aspo"][1], trainers["aspo, timing off"][1]
+        for clock, on_rounds, off_rounds in (("wall", on.rounds, off.rounds), ("CPU", on.cpu_rounds, off.cpu_rounds)):
+            print(timers_line(clock, on_rounds, off_rounds))
+
+
+def round_ratios(on_rounds: list[list[float]], off_rounds: list[list[float]]) -> list[float]:
+    """Per round (one `train()` call of each row), the ratio of the rows' median step times: on / off."""
+    return [
+        statistics.median(on) / statistics.median(off) for on, off in zip(on_rounds, off_rounds, strict=True) if on
+    ]
+
+
+def timers_line(clock: str, on_rounds: list[list[float]], off_rounds: list[list[float]]) -> str:
+    """The timers' cost: the ratio of the medians over all steps, against the spread of the per-round ratios (the
+    noise of the measurement); no measurable cost when 1.0 lies within that spread."""
+    on = statistics.median([seconds for steps in on_rounds for seconds in steps])
+    off = statistics.median([seconds for steps in off_rounds for seconds in steps])
+    ratios = round_ratios(on_rounds, off_rounds)
+    low, high = min(ratios), max(ratios)
+    verdict = "no measurable cost" if low <= 1.0 <= high else "a cost beyond the spread"
+    return (
+        f"timers on vs off, {clock}: median step {1e3 * on:.1f} ms vs {1e3 * off:.1f} ms, {on / off:.3f}x; per-round "
+        f"ratios {low:.3f}x to {high:.3f}x over {len(ratios)} rounds: {verdict}"
+    )
 
 
 def ratio(medians: dict[str, float], name: str, baseline: str) -> str:

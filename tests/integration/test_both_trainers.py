@@ -1,9 +1,10 @@
 """What both trainers share is tested once, parametrized over `ASPOTrainer` and `AsyncASPOTrainer`: the same metric
 keys from the shared pipeline and loss, the same refusal of a bad `tool_shaping_correct_reward`, the same warning
-when shaping runs without tools, the same pre-pass accounting."""
+when shaping runs without tools, the same pre-pass accounting, the same per-step timing of their own work."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -28,6 +29,17 @@ SHARED_KEYS = {
     "value/effective_prompts",
     "policy_loss",
 }
+
+# `log_timing`'s metrics (trl_aspo.trainers.step_timing), and the off-policy correction each trainer times: TRL's
+# off-policy mask on a registered loss's path (synchronous), the decoupled objective (asynchronous).
+TIMING_KEYS = {
+    "timing/advantages_s",
+    "timing/policy_loss_s",
+    "timing/offpolicy_correction_s",
+    "timing/step_s",
+    "timing/value_prepass_s",
+}
+CORRECTION = {"sync": {"off_policy_mask_threshold": 0.5}, "async": {"vllm_importance_sampling_correction": True}}
 
 
 def build(kind: str, tmp_path, reward_funcs=None, tools=True, **overrides):
@@ -134,6 +146,36 @@ def test_both_pre_passes_count_successes_and_trials_the_same_way(kind, tmp_path,
     successes = {key: sum(o for k, o in zip(sample_keys, outcomes, strict=True) if k == key) for key in prompts}
     expected = [(successes[key] + 0.5) / 3 for key in prompts]
     assert values.tolist() == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_both_trainers_time_their_own_work_per_step(kind, tmp_path):
+    """Every timed region, per optimizer step, in seconds: finite, >= 0, the regions together within the step's wall
+    time (one host clock on a CPU); the value pre-pass once."""
+    trainer = build(kind, tmp_path, value_init_samples=1, **CORRECTION[kind])
+    trainer.train()
+    assert {key for key in logged_keys(trainer) if key.startswith("timing/")} == TIMING_KEYS
+    steps = [row for row in trainer.state.log_history if "timing/step_s" in row]
+    assert [row["step"] for row in steps] == [1, 2]
+    for row in steps:
+        timings = {key: value for key, value in row.items() if key.startswith("timing/")}
+        assert set(timings) >= TIMING_KEYS - {"timing/value_prepass_s"}, timings  # from the first step on
+        assert all(math.isfinite(value) and value >= 0.0 for value in timings.values()), timings
+        regions = sum(
+            value for key, value in timings.items() if key not in ("timing/step_s", "timing/value_prepass_s")
+        )
+        assert 0.0 < regions <= row["timing/step_s"], timings
+    prepass = [row["timing/value_prepass_s"] for row in trainer.state.log_history if "timing/value_prepass_s" in row]
+    assert len(prepass) == 1 and prepass[0] > 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", TRAINERS)
+def test_with_log_timing_off_neither_trainer_logs_a_timing(kind, tmp_path):
+    trainer = build(kind, tmp_path, log_timing=False, value_init_samples=1, max_steps=1, **CORRECTION[kind])
+    trainer.train()
+    assert not {key for key in logged_keys(trainer) if key.startswith("timing/")}
 
 
 class NaNGradientAt:

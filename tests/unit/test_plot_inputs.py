@@ -79,6 +79,11 @@ def spoiled_row(**fields) -> dict:
             (),
             "trainer_state.json: log_history[2]['train_seconds'] must be a number of seconds >= 0, got -1.0.",
         ),
+        (
+            spoiled_row(**{"timing/advantages_s": -0.5}),
+            (),
+            "trainer_state.json: log_history[2]['timing/advantages_s'] must be a number of seconds >= 0, got -0.5.",
+        ),
     ],
 )
 def test_plot_refuses_a_bad_trainer_state_naming_the_file_and_field(tmp_path, capsys, content, argv, expected):

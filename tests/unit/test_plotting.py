@@ -163,3 +163,51 @@ def test_comparison_against_seconds_needs_train_seconds(tmp_path):
         plot_comparison(runs, str(tmp_path / "c.png"), x_axis="time")
     runs["a"][0]["history"][0]["train_seconds"] = 3.0
     assert plot_comparison(runs, str(tmp_path / "c.png"), x_axis="seconds").endswith("c.png")
+
+
+def timed_history(steps: int) -> list[dict]:
+    """`history` with `log_timing`'s columns: a 2 s step, the advantages 0.2 s of every other step (a round spans
+    two steps), the loss 0.1 s, the value pre-pass once; the off-policy correction logged from step 2 on."""
+    rows = history(steps)
+    for row in rows[:-1]:
+        step = row["step"]
+        row.update({"timing/step_s": 2.0, "timing/advantages_s": 0.2 * (step % 2), "timing/policy_loss_s": 0.1})
+        if step >= 2:
+            row["timing/offpolicy_correction_s"] = 0.05
+    rows[0]["timing/value_prepass_s"] = 30.0
+    return rows
+
+
+def test_timing_shares_are_each_region_over_the_step_by_hand():
+    shares = plotting.timing_shares(timed_history(3))
+    assert shares == {
+        "timing/advantages_s": {1: pytest.approx(0.1), 2: 0.0, 3: pytest.approx(0.1)},
+        "timing/offpolicy_correction_s": {1: 0.0, 2: 0.025, 3: 0.025},  # not run yet at step 1
+        "timing/policy_loss_s": {1: 0.05, 2: 0.05, 3: 0.05},
+    }
+    assert plotting.timing_shares(history(3)) == {}
+    assert plotting.timing_label("timing/offpolicy_correction_s") == "offpolicy_correction"
+
+
+def test_the_comparison_stacks_each_timed_variants_own_work_as_a_share_of_the_step(tmp_path, saved_figures):
+    """A variant whose runs log `timing/*` gets a stacked panel (the pre-pass, before training, is not in it); one
+    without (a plain GRPOTrainer run, timing off) gets none."""
+    runs = {
+        "timed": [{"history": timed_history(4), "completions_per_step": None, "heldout": {}}],
+        "untimed": [{"history": history(4), "completions_per_step": None, "heldout": {}}],
+    }
+    plotting.plot_comparison(runs, str(tmp_path / "c.png"), smoothing=1)
+    (figure,) = saved_figures
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    assert titles == ["training reward", "timed: trl-aspo's own time, share of the step"]
+    shares = figure.axes[1]
+    assert [text.get_text() for text in shares.get_legend().get_texts()] == [
+        "advantages",
+        "offpolicy_correction",
+        "policy_loss",
+    ]
+    # The top band's edges: below it the other regions, above it all three together, at steps 1-4.
+    edges = shares.collections[-1].get_paths()[0].vertices[:, 1].tolist()
+    for total in (0.15, 0.075, 0.175, 0.075, 0.1, 0.025, 0.125):
+        assert any(math.isclose(edge, total) for edge in edges), (total, edges)
+    assert max(edges) == pytest.approx(0.175)

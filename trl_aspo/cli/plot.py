@@ -37,6 +37,11 @@ GROUP_TITLES = {
 HELDOUT_ACCURACY = "heldout/accuracy"
 # Training wall-clock seconds of a log row (trl_aspo.cli.callbacks.TRAIN_SECONDS), the x of `x_axis="seconds"`.
 TRAIN_SECONDS = "train_seconds"
+# `log_timing`'s metrics (trl_aspo.trainers.step_timing, named here because that module imports torch): seconds of
+# the trainers' own work per optimizer step, the step's wall time, and the value pre-pass's (once, not per step).
+TIMING_PREFIX = "timing/"
+STEP_SECONDS = "timing/step_s"
+VALUE_PREPASS_SECONDS = "timing/value_prepass_s"
 # Panel titles of logged metrics; any other key is its own title.
 PANEL_TITLES = {
     "reward": "training reward",
@@ -175,6 +180,27 @@ def step_seconds(history: list[dict]) -> dict[int, float]:
     return table
 
 
+def timing_shares(history: list[dict]) -> dict[str, dict[int, float]]:
+    """Region -> optimizer step -> the region's share of the step's wall time (`timing/*_s` over `timing/step_s`),
+    for every timed region of a log history (not the step itself, nor the value pre-pass, which precedes training).
+    A step that logged its wall time but not a region gives that region 0 (it had not run yet)."""
+    steps = {step: seconds for step, seconds in metric_points(history, STEP_SECONDS).items() if seconds > 0}
+    regions = sorted(
+        {key for row in history for key in row if key.startswith(TIMING_PREFIX)}
+        - {STEP_SECONDS, VALUE_PREPASS_SECONDS}
+    )
+    shares = {}
+    for region in regions:
+        seconds = metric_points(history, region)
+        shares[region] = {step: seconds.get(step, 0.0) / wall for step, wall in steps.items()}
+    return shares
+
+
+def timing_label(region: str) -> str:
+    """'timing/advantages_s' -> 'advantages'."""
+    return region.removeprefix(TIMING_PREFIX).removesuffix("_s")
+
+
 def running_mean(values: list[float], window: int) -> list[float]:
     """Trailing mean over `window` points: one step's value, from a few dozen completions, is noisy."""
     return [sum(values[max(0, i - window + 1) : i + 1]) / min(i + 1, window) for i in range(len(values))]
@@ -208,7 +234,8 @@ def plot_comparison(
     the x axis is completions generated (steps when a run's completions per step is unknown); with `"seconds"` it is
     training wall-clock seconds (`train_seconds` of the log rows, mean over a variant's runs at each step). Panels
     whose metric no run logged are left out, so any TRL run plots what it has. Training curves are smoothed with a
-    trailing `smoothing`-step mean per run; held-out points are not."""
+    trailing `smoothing`-step mean per run; held-out points are not. A variant whose runs log `timing/*`
+    (`log_timing`) gets a panel of its own: the trainers' own work stacked as shares of the step's wall time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -248,8 +275,10 @@ def plot_comparison(
         if by_completions
         else "optimizer step"
     )
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
+    timed = {name: group for name, group in variants.items() if any(_has_timing(run) for run in group)}
+    count = len(panels) + len(timed)
+    columns = min(3, count)
+    rows = -(-count // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.3 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles = {
@@ -299,7 +328,13 @@ def plot_comparison(
     _heldout_over_training(
         dict(zip((key for key, _ in panels), axes.flat, strict=False)), variants, by_seconds, by_completions
     )
-    for axis in list(axes.flat)[len(panels) :]:
+    for axis, (name, group) in zip(list(axes.flat)[len(panels) :], timed.items(), strict=False):
+        _plot_timing_shares(axis, name, group, _x_of_step(group, by_seconds, by_completions), smoothing)
+        axis.set_xlabel(x_label)
+        if not by_seconds:
+            integer_steps(axis)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[count:]:
         axis.axis("off")
     # One legend for the figure, from a training-curve panel: every variant with its line style and run count.
     handles, labels = _legend_entries(axes.flat[: len(panels)])
@@ -322,6 +357,37 @@ def plot_comparison(
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path
+
+
+def _has_timing(run: dict) -> bool:
+    return any(timing_shares(run["history"]).values())
+
+
+def _plot_timing_shares(axis, name: str, group: list[dict], to_x, smoothing: int) -> None:
+    """One variant's timed regions (`log_timing`) stacked, each its share of the optimizer step's wall time: the mean
+    over the variant's runs that logged it, smoothed as the training curves are, at the steps every region has."""
+    per_run = [timing_shares(run["history"]) for run in group]
+    regions = sorted({region for shares in per_run for region, points in shares.items() if points})
+    means = {}
+    for region in regions:
+        series = []
+        for shares in per_run:
+            points = shares.get(region) or {}
+            if points:
+                steps = sorted(points)
+                series.append(dict(zip(steps, running_mean([points[s] for s in steps], smoothing), strict=True)))
+        steps, values, _ = mean_and_spread(series)
+        means[region] = dict(zip(steps, values, strict=True))
+    steps = sorted(set.intersection(*(set(points) for points in means.values())))
+    axis.stackplot(
+        [to_x(step) for step in steps],
+        *([means[region][step] for step in steps] for region in regions),
+        labels=[timing_label(region) for region in regions],
+        alpha=0.8,
+    )
+    axis.set_title(f"{name}: trl-aspo's own time, share of the step", fontsize=10)
+    axis.yaxis.set_major_formatter(_percent_formatter())
+    axis.legend(fontsize=7, loc="upper right")
 
 
 def _has_heldout(run: dict) -> bool:

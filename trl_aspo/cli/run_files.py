@@ -6,7 +6,7 @@ a `ValueError` naming the file, the field, the value and what is allowed:
 
 - `trainer_state.json`: `log_history` a list of objects, `step` an integer >= 0, each drawn metric a number (NaN
   allowed: a diverged loss is drawn as a gap), shares and held-out accuracies in [0, 1] (or NaN, the mean over
-  nothing), `train_seconds` >= 0;
+  nothing), `train_seconds` and every `timing/*` (seconds, `log_timing`) >= 0;
 - `run_summary.json` (compare) and `initial_evaluation.json`: the same history, held-out accuracies in [0, 1],
   `completions_per_step` > 0;
 - `summary.json` (`trl-aspo train` with `evaluate_before_after`): held-out accuracies in [0, 1];
@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trl_aspo.cli.plot import TIMING_PREFIX
 from trl_aspo.infra.checkpoint_files import CHECKPOINT_NAME
 from trl_aspo.infra.json_files import read_json, require_int, require_list, require_number, require_object
 
@@ -64,20 +65,22 @@ def _fraction(value: Any, path: str, field: str, what: str) -> float:
 
 def check_log_history(history: Any, path: Path, field: str, metrics: tuple[str, ...]) -> list[dict]:
     """`history` (a `log_history`) if it is a list of objects whose `step` is an integer >= 0 and whose `metrics`
-    are numbers (NaN allowed), fractions in [0, 1] for `FRACTION_METRICS` and >= 0 for `train_seconds`."""
+    are numbers (NaN allowed), fractions in [0, 1] for `FRACTION_METRICS` and >= 0 for `train_seconds` and the
+    `timing/*` seconds."""
     where = str(path)
     for index, row in enumerate(require_list(history, where, field)):
         require_object(row, where, f"{field}[{index}]")
         if "step" in row:
             require_int(row["step"], where, f"{field}[{index}].step", low=0)
-        for key in (*metrics, *FRACTION_METRICS, TRAIN_SECONDS):
+        timings = [key for key in row if key.startswith(TIMING_PREFIX)]
+        for key in (*metrics, *FRACTION_METRICS, TRAIN_SECONDS, *timings):
             value = row.get(key)
             if value is None:
                 continue
             name = f"{field}[{index}][{key!r}]"
             if key in FRACTION_METRICS:
                 _fraction(value, where, name, "a fraction in [0, 1]")
-            elif key == TRAIN_SECONDS:
+            elif key == TRAIN_SECONDS or key.startswith(TIMING_PREFIX):
                 require_number(value, where, name, 0.0, None, "a number of seconds >= 0")
             elif not _is_number(value) or (isinstance(value, int) and abs(value) >= 2**1023):
                 raise ValueError(f"{where}: {name} must be a number (a logged metric), got {value!r:.60}.")

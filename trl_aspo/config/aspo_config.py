@@ -904,6 +904,18 @@ class ASPOFieldsMixin:
             "(trl_aspo.algorithms.weight_map)"
         },
     )
+    log_timing: bool = LOGGING.field(
+        True,
+        help="Log, per optimizer step, the seconds of trl-aspo's own work, as verl logs timing_s/*: "
+        "timing/advantages_s (value tracker, estimator, normalization, tool shaping), timing/policy_loss_s (the "
+        "registered loss's forward beyond TRL's model forward, summed over micro-batches; forward only, its "
+        "backward is TRL's), timing/offpolicy_correction_s (the off-policy mask and IS correction, the "
+        "asynchronous decoupled objective), the step's wall time timing/step_s, and timing/value_prepass_s once. "
+        "On CUDA by CUDA events read at the end of the optimizer step (no added synchronization), elsewhere by "
+        "time.perf_counter; `trl-aspo plot` draws them as a share of the step. False logs none of them (the "
+        "overhead benchmark, scripts/bench_step.py, compares both).",
+        independent="acts on every optimizer step of either trainer, whatever else is set",
+    )
 
     def _validate_aspo_fields(self) -> None:
         """Every declared field's type, trainer support, bound, choices and checks (trl_aspo.config.fields); and

@@ -39,6 +39,7 @@ from trl_aspo.trainers.project_state import restore_project_state, save_project_
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.reward_checks import checked_reward_calls
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
+from trl_aspo.trainers.step_timing import ADVANTAGES, OFFPOLICY_CORRECTION, StepTimingMixin
 from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.prompt_ids import prompt_keys
 from trl_aspo.values.sampler import PrioritizedRepeatSampler, effective_num_prompts
@@ -59,6 +60,7 @@ class ASPOTrainer(
     NonFiniteStepGuardMixin,
     GRPOValuePrepassMixin,
     GRPOLossMixin,
+    StepTimingMixin,
     GRPOTrainer,
 ):
     """Drop-in replacement for `trl.GRPOTrainer` adding the asymmetric IS loss (`loss_type="aspo"`), tool-position
@@ -127,6 +129,7 @@ class ASPOTrainer(
         self._aspo_kl_coef = self.beta
         self._aspo_entropy_window = None
         self._start_weight_map()
+        self._start_step_timing()
         paper = model_card_paper(args, GRPOTrainer._paper)
         if paper is not None:
             # TRL's model card reads `_paper`: cite the methods this run uses, not only GRPO.
@@ -211,19 +214,34 @@ class ASPOTrainer(
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
+        keys = dispatch_values = None
         if mode == "train" and self._values is not None:
-            self._append_train_metrics(self._values.close_pending_round())
-            if self.args.prioritized_sampling:
-                inputs = self._draw_prioritized_round(inputs)
-            keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
-            self._values.enter(keys, self._value_event)
-            dispatch_values = self._values.values(keys, self._value_event).float()
+            with self._timed(ADVANTAGES, self.accelerator.device):
+                self._append_train_metrics(self._values.close_pending_round())
+                if self.args.prioritized_sampling:
+                    inputs = self._draw_prioritized_round(inputs)
+                keys = gather_object(prompt_keys(inputs, self.args.prompt_id_column))
+                self._values.enter(keys, self._value_event)
+                dispatch_values = self._values.values(keys, self._value_event).float()
         output = super()._generate_and_score_completions(inputs)
         if mode != "train":
             return output
-
-        device = self.accelerator.device
         round_action_mask = action_mask(output)  # before `filter_zero_variance_groups` masks dropped groups out
+        with self._timed(ADVANTAGES, self.accelerator.device):
+            self._score_round(output, inputs, keys, dispatch_values)
+        if "importance_sampling_ratio" in output:  # timed only where TRL's vLLM IS correction is on
+            with self._timed(OFFPOLICY_CORRECTION, self.accelerator.device):
+                self._log_rollout_correction(output)
+        completion_repeats = repetition_rate(output["completion_ids"], round_action_mask)
+        self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
+        self._value_event += 1
+        return output
+
+    def _score_round(self, output, inputs, keys: list[str] | None, dispatch_values: torch.Tensor | None) -> None:
+        """The round's final advantages into `output` (and TRL's logged ones): baseline (the tracker's values at
+        dispatch, `keys` and `dispatch_values`, or the group estimator), `AdvantagePipeline` on the gathered round,
+        the tracker's observation of the outcomes and the registered loss's per-sample draws."""
+        device = self.accelerator.device
         tool_stats = self._tool_statistics(output)  # (N, 4) gathered: position, length, calls, turns
         rewards_per_func = self._gathered_rewards_per_func
         rewards = total_rewards(rewards_per_func, self.reward_weights)
@@ -268,8 +286,7 @@ class ASPOTrainer(
                 },
             )
         )
-        for name, value in scored.metrics.items():
-            self._metrics[mode][name].append(value)
+        self._append_train_metrics(scored.metrics)
         if self._values is not None or self.args.advantage_normalization != "group" or self.args.tool_shaping:
             output["advantages"] = self._local_slice(scored.advantages, inputs)
             # The deque holds one generation batch: extending replaces TRL's logged advantages with the final ones.
@@ -282,11 +299,6 @@ class ASPOTrainer(
             generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self._value_event)
             for name, draw in policy_loss.draw(scored.advantages.cpu(), self.args, generator).items():
                 output[DRAW_PREFIX + name] = self._local_slice(draw, inputs)
-        self._log_rollout_correction(output)
-        completion_repeats = repetition_rate(output["completion_ids"], round_action_mask)
-        self._metrics[mode]["repetition_rate"].append(self.accelerator.gather(completion_repeats).mean().item())
-        self._value_event += 1
-        return output
 
     def _drop_zero_variance_groups(self, rewards, output, inputs) -> torch.Tensor:
         """Take groups whose rewards are all equal out of the loss: their tokens leave the completion mask and the

@@ -61,6 +61,7 @@ from trl_aspo.trainers.project_state import save_project_state
 from trl_aspo.trainers.resume import TiedWeightsCheckpointMixin
 from trl_aspo.trainers.rollout_batches import RolloutBatchMixin
 from trl_aspo.trainers.step_guard import NonFiniteStepGuardMixin
+from trl_aspo.trainers.step_timing import ADVANTAGES, StepTimingMixin
 from trl_aspo.trainers.value_tracking import ValueTracking
 from trl_aspo.values.scoring import StepScorer, check_correct_reward_name, warn_if_tool_shaping_runs_no_tools
 from trl_aspo.values.single_stream import dataset_prompt_keys, prepass_prompts, train_rows
@@ -89,6 +90,7 @@ class AsyncASPOTrainer(
     LocalWorkerResumeMixin,
     AsyncGRPOLossMixin,
     RolloutBatchMixin,
+    StepTimingMixin,
     AsyncGRPOTrainer,
 ):
     """[`AsyncGRPOTrainer`] configured by [`AsyncASPOConfig`]: same arguments; `args=None` gives the defaults.
@@ -194,6 +196,7 @@ class AsyncASPOTrainer(
                 self.rollout_queue, self._drop_group_for_logprobs, self.args.num_generations, _conversation_id
             )
         self._start_weight_map()
+        self._start_step_timing()
 
     @property
     def epoch_stop_groups(self) -> int | None:
@@ -209,7 +212,8 @@ class AsyncASPOTrainer(
             and self._values.prepass_due(resume_from_checkpoint, self.state.global_step > 0)
             and self.accelerator.is_main_process
         ):
-            self._value_init_prepass()
+            with self._timed_prepass():  # `timing/value_prepass_s`, logged with the first step
+                self._value_init_prepass()
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     def _value_init_prepass(self) -> None:
@@ -368,36 +372,38 @@ class AsyncASPOTrainer(
     def _score_step(self, samples, context=()) -> torch.Tensor:
         """Advantages (float64, (B,)) of one optimizer step's `RolloutSample`s, in arrival order. `context`: the
         members of the step's groups outside the step (`StepScoringDataset`), which only the group statistics read."""
-        rows = [*samples, *context]
-        masks = [torch.as_tensor(sample.completion_mask) for sample in rows]
-        keys = None
-        if self._values is not None:
-            keys = [self._values.sample_key(sample) for sample in rows]
-            self._values.step_scored()
-        tool_stats = None
-        if self.args.tool_shaping:
-            tool_stats = self._tool_statistics([(sample.input_ids, sample.completion_mask) for sample in rows])
-        scored = self._scorer.score(
-            keys=keys,
-            rewards=torch.tensor([sample.metrics["reward"] for sample in rows], dtype=torch.float64),
-            versions=[sample.model_version for sample in rows],
-            token_counts=torch.stack([mask.sum() for mask in masks]),
-            group_ids=torch.tensor([sample.group_id for sample in rows]),
-            worker_advantages=torch.tensor([sample.advantage for sample in rows], dtype=torch.float64),
-            tool_stats=tool_stats,
-            conversations=[_conversation_id(sample) for sample in rows],
-            correctness_scores=self._correctness_scores(rows),
-            texts=lambda: completion_texts(self.processing_class, rows),
-            entry_versions=self._entry_versions(rows),
-            in_step=torch.arange(len(rows)) < len(samples),
-        )
-        if self._values is not None:
-            self._values.step_observed(keys[: len(samples)], self.model_version - self.args.max_staleness)
-        if self._prompt_priorities is not None:
-            scored.metrics["value/effective_prompts"] = self._prompt_priorities.effective_prompts()
-        for name, value in scored.metrics.items():
-            self._metrics["train"][name].append(value)
-        return scored.advantages
+        # On CPU tensors, on the main process: timed by the host clock.
+        with self._timed(ADVANTAGES, "cpu"):
+            rows = [*samples, *context]
+            masks = [torch.as_tensor(sample.completion_mask) for sample in rows]
+            keys = None
+            if self._values is not None:
+                keys = [self._values.sample_key(sample) for sample in rows]
+                self._values.step_scored()
+            tool_stats = None
+            if self.args.tool_shaping:
+                tool_stats = self._tool_statistics([(sample.input_ids, sample.completion_mask) for sample in rows])
+            scored = self._scorer.score(
+                keys=keys,
+                rewards=torch.tensor([sample.metrics["reward"] for sample in rows], dtype=torch.float64),
+                versions=[sample.model_version for sample in rows],
+                token_counts=torch.stack([mask.sum() for mask in masks]),
+                group_ids=torch.tensor([sample.group_id for sample in rows]),
+                worker_advantages=torch.tensor([sample.advantage for sample in rows], dtype=torch.float64),
+                tool_stats=tool_stats,
+                conversations=[_conversation_id(sample) for sample in rows],
+                correctness_scores=self._correctness_scores(rows),
+                texts=lambda: completion_texts(self.processing_class, rows),
+                entry_versions=self._entry_versions(rows),
+                in_step=torch.arange(len(rows)) < len(samples),
+            )
+            if self._values is not None:
+                self._values.step_observed(keys[: len(samples)], self.model_version - self.args.max_staleness)
+            if self._prompt_priorities is not None:
+                scored.metrics["value/effective_prompts"] = self._prompt_priorities.effective_prompts()
+            for name, value in scored.metrics.items():
+                self._metrics["train"][name].append(value)
+            return scored.advantages
 
     def _entry_versions(self, samples) -> list[int] | None:
         """For a tracker that anchors priors at a prompt's first dispatch (spo++): the version each sample's prior is

@@ -23,6 +23,7 @@ from trl_aspo.algorithms.rollout_correction import (
 )
 from trl_aspo.algorithms.weight_map import clipped_ratio_weight
 from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss, log_loss_metrics
+from trl_aspo.trainers.step_timing import OFFPOLICY_CORRECTION, POLICY_LOSS
 from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
 
 
@@ -121,10 +122,11 @@ class AsyncGRPOLossMixin(WeightMapMixin):
         args = self.args
         old_log_probs, factor = generator_log_probs, None
         if decoupled:
-            old_log_probs, alpha = self.proximal_log_probs(inputs, rows, selected, log_probs, generator_log_probs)
-            factor = self._rollout_correction(
-                log_probs, old_log_probs, generator_log_probs, advantages, rows.mask, alpha
-            )
+            with self._timed(OFFPOLICY_CORRECTION, log_probs.device):
+                old_log_probs, alpha = self.proximal_log_probs(inputs, rows, selected, log_probs, generator_log_probs)
+                factor = self._rollout_correction(
+                    log_probs, old_log_probs, generator_log_probs, advantages, rows.mask, alpha
+                )
         if policy_loss is None:
             # TRL's PPO loss and its normalization: the micro-batch's token sum over its tokens per rank, per
             # accumulation step.
@@ -142,18 +144,20 @@ class AsyncGRPOLossMixin(WeightMapMixin):
             units = self._loss_step_units[0 if args.aspo_aggregation == "token" else 1]
             normalizer = step_loss_normalizer(units, self.accelerator.num_processes).to(log_probs)
         entropies = rows.to_rows(outputs.entropy.flatten()[token_index].detach())
-        out = assembled_loss(
-            loss_fn,
-            AssemblyInputs(
-                log_probs, old_log_probs, advantages, rows.mask, entropies=entropies, draws=draws, factor=factor
-            ),
-            args,
-            self.state.global_step,
-            self.epsilon_low,
-            self.epsilon_high,
-            normalizer,
-            divisor,
-        )
+        # The loss's forward beyond TRL's packed forward; its backward is TRL's.
+        with self._timed(POLICY_LOSS, log_probs.device):
+            out = assembled_loss(
+                loss_fn,
+                AssemblyInputs(
+                    log_probs, old_log_probs, advantages, rows.mask, entropies=entropies, draws=draws, factor=factor
+                ),
+                args,
+                self.state.global_step,
+                self.epsilon_low,
+                self.epsilon_high,
+                normalizer,
+                divisor,
+            )
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * outputs.aux_loss / self.current_gradient_accumulation_steps
@@ -168,7 +172,8 @@ class AsyncGRPOLossMixin(WeightMapMixin):
             weight = weight if factor is None else weight * factor
             self._add_weight_map(generator_log_probs, log_probs, advantages, rows.mask, weight)
         if policy_loss is not None or dual_clip:
-            self._log_loss_metrics(loss_fn, out.stats, rows.mask, out.per_token_loss.detach())
+            with self._timed(POLICY_LOSS, log_probs.device):
+                self._log_loss_metrics(loss_fn, out.stats, rows.mask, out.per_token_loss.detach())
         return loss
 
     def _rollout_correction(

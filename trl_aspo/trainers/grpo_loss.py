@@ -9,6 +9,7 @@ import torch
 from trl_aspo.algorithms.policy_losses import PolicyLoss, get_policy_loss
 from trl_aspo.algorithms.rollout_correction import correction_metrics, correction_sums, rollout_correction_weight
 from trl_aspo.trainers.loss_assembly import AssemblyInputs, assembled_loss, log_loss_metrics
+from trl_aspo.trainers.step_timing import OFFPOLICY_CORRECTION, POLICY_LOSS
 from trl_aspo.trainers.weight_map_mixin import WeightMapMixin
 
 # Batch keys of a registered loss's per-sample draws (B-length tensors survive TRL's shuffling and splitting).
@@ -91,18 +92,11 @@ class GRPOLossMixin(WeightMapMixin):
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         factor = torch.ones_like(per_token_logps)
-        if self.off_policy_mask_threshold is not None:
-            factor = factor * self.get_off_policy_mask(
-                advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
+        if self.off_policy_mask_threshold is not None or (self.use_vllm and self.vllm_importance_sampling_correction):
+            with self._timed(OFFPOLICY_CORRECTION, per_token_logps.device, mode == "train"):
+                factor = self._off_policy_factor(inputs, per_token_logps, old_per_token_logps, mask)
         if self.top_entropy_quantile < 1.0:
             factor = factor * self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            factor = factor * inputs["importance_sampling_ratio"]
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         normalizer, divisor = None, accumulation
         if self.args.aspo_aggregation == "token":
@@ -111,26 +105,30 @@ class GRPOLossMixin(WeightMapMixin):
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             divisor = 1.0
-        out = assembled_loss(
-            policy_loss,
-            AssemblyInputs(
-                per_token_logps,
-                old_per_token_logps,
-                advantages,
-                mask,
-                entropies=entropies.detach(),
-                draws={key[len(DRAW_PREFIX) :]: value for key, value in inputs.items() if key.startswith(DRAW_PREFIX)},
-                factor=factor,
-                ref_log_probs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
-                kl_coef=self._aspo_kl_coef,
-            ),
-            self.args,
-            self.state.global_step,
-            self.epsilon_low,
-            self.epsilon_high,
-            normalizer,
-            divisor,
-        )
+        # Timed apart from the weight map, a diagnostic of its own; the loss's backward is TRL's.
+        with self._timed(POLICY_LOSS, per_token_logps.device, mode == "train"):
+            out = assembled_loss(
+                policy_loss,
+                AssemblyInputs(
+                    per_token_logps,
+                    old_per_token_logps,
+                    advantages,
+                    mask,
+                    entropies=entropies.detach(),
+                    draws={
+                        key[len(DRAW_PREFIX) :]: value for key, value in inputs.items() if key.startswith(DRAW_PREFIX)
+                    },
+                    factor=factor,
+                    ref_log_probs=inputs["ref_per_token_logps"] if self.beta != 0.0 else None,
+                    kl_coef=self._aspo_kl_coef,
+                ),
+                self.args,
+                self.state.global_step,
+                self.epsilon_low,
+                self.epsilon_high,
+                normalizer,
+                divisor,
+            )
         if self._collects_weight_map(inputs):
             self._add_registered_weight_map(
                 policy_loss, old_per_token_logps, per_token_logps, advantages, mask, out.stats
@@ -138,8 +136,26 @@ class GRPOLossMixin(WeightMapMixin):
         loss = out.loss
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-        self._log_loss_metrics(mode, policy_loss, out, entropies, mask)
+        with self._timed(POLICY_LOSS, per_token_logps.device, mode == "train"):
+            self._log_loss_metrics(mode, policy_loss, out, entropies, mask)
         return loss
+
+    def _off_policy_factor(self, inputs, per_token_logps, old_per_token_logps, mask) -> torch.Tensor:
+        """TRL's off-policy corrections of a micro-batch as one factor of a registered loss's per-token term: its
+        off-policy sequence mask (`off_policy_mask_threshold`) and its vLLM importance-sampling weight."""
+        factor = torch.ones_like(per_token_logps)
+        if self.off_policy_mask_threshold is not None:
+            advantages = inputs["advantages"]
+            factor = factor * self.get_off_policy_mask(
+                advantages=advantages if advantages.dim() == 2 else advantages.unsqueeze(1),
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            factor = factor * inputs["importance_sampling_ratio"]
+        return factor
 
     def _log_loss_metrics(self, mode, policy_loss, out, entropies, mask) -> None:
         """The loss's metrics as ratios over the logging window (`log_loss_metrics`, shared); `entropy`, `kl` and

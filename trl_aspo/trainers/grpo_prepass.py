@@ -24,7 +24,8 @@ class GRPOValuePrepassMixin:
         A resumed run restores its tracker from the checkpoint instead, and a trainer that has already dispatched
         (a second `train()` call) keeps the tracker it has."""
         if self._values is not None and self._values.prepass_due(resume_from_checkpoint, self._value_event > 0):
-            self._value_init_prepass()
+            with self._timed_prepass():  # `timing/value_prepass_s`, logged with the first step
+                self._value_init_prepass()
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval)
 
     @torch.no_grad()

@@ -21,6 +21,7 @@ from trl_aspo.algorithms.packed import SegmentRows
 from trl_aspo.algorithms.proximal_policy import loglinear_alpha, loglinear_proximal_log_probs
 from trl_aspo.infra.json_files import read_json, write_json_atomic
 from trl_aspo.infra.packed_forward import packed_log_probs
+from trl_aspo.trainers.step_timing import OFFPOLICY_CORRECTION
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ class RolloutBatchMixin:
                 fetched.append(super().get_batch_samples(epoch_iterator, num_batches, device))
             self._batch_start_step = step
             if self._records_proximal:
-                self._record_proximal_log_probs([micro for samples, _ in fetched[1:] for micro in samples])
+                with self._timed(OFFPOLICY_CORRECTION, device):
+                    self._record_proximal_log_probs([micro for samples, _ in fetched[1:] for micro in samples])
             self._rollout_batch = collections.deque(fetched)
         self._step_in_batch = step - self._batch_start_step
         return self._rollout_batch.popleft()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["check_completion_budget", "check_prompts_fit", "model_context_length"]
+__all__ = ["check_completion_budget", "check_prompts_fit", "check_turn_fits", "model_context_length"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +56,13 @@ def check_prompts_fit(prompt_lengths: list[int], max_completion_length: int, con
                 f"{length + max_completion_length} positions, more than the model's context of {context}. Shorten "
                 "the prompt (or filter such rows out) or lower max_completion_length."
             )
+
+
+def check_turn_fits(prompt_ids: list[int], max_tokens: int, context: int | None, tokenizer: Any) -> None:
+    """Refuse a rollout worker's turn whose conversation so far (`prompt_ids`) plus `max_tokens` exceeds `context`,
+    naming the conversation by the text of its first 48 tokens."""
+
+    def describe(_: int) -> str:
+        return f"The conversation starting {tokenizer.decode(prompt_ids[:48], skip_special_tokens=True)!r}"
+
+    check_prompts_fit([len(prompt_ids)], max_tokens, context, describe)

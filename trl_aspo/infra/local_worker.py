@@ -34,7 +34,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 from trl.trainer.utils import create_model_from_path
 
-from trl_aspo.algorithms.context_length import check_prompts_fit, model_context_length
+from trl_aspo.algorithms.context_length import check_turn_fits, model_context_length
 from trl_aspo.infra.generation import load_named_tensors, sample_completion
 from trl_aspo.infra.model_paths import resolve_model_path
 
@@ -79,10 +79,7 @@ class _LocalRolloutLoop(_AsyncRolloutLoop):
 
     async def _generate_one_turn(self, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
         # Each turn samples up to max_tokens after the whole conversation so far: it must fit the policy's positions.
-        def describe(_: int) -> str:
-            return f"The conversation starting {self.tokenizer.decode(prompt_ids[:48], skip_special_tokens=True)!r}"
-
-        check_prompts_fit([len(prompt_ids)], self.max_tokens, self._context, describe)
+        check_turn_fits(prompt_ids, self.max_tokens, self._context, self.tokenizer)
         # Draw on the event-loop thread so the random stream is consumed in dispatch order.
         delay = self._rng.uniform(0.0, self._jitter_s) if self._jitter_s > 0 else 0.0
         generator = torch.Generator().manual_seed(self._rng.getrandbits(63))

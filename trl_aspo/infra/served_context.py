@@ -13,7 +13,7 @@ import asyncio
 
 import requests
 
-from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit
+from trl_aspo.algorithms.context_length import check_completion_budget, check_turn_fits
 
 __all__ = ["ServedContextLoop", "served_max_model_len"]
 
@@ -50,8 +50,5 @@ class ServedContextLoop:
             )
             self._served_context = context
 
-        def describe(_: int) -> str:
-            return f"The conversation starting {self.tokenizer.decode(prompt_ids[:48], skip_special_tokens=True)!r}"
-
-        check_prompts_fit([len(prompt_ids)], self.max_tokens, self._served_context, describe)
+        check_turn_fits(prompt_ids, self.max_tokens, self._served_context, self.tokenizer)
         return await super()._generate_one_turn(prompt_ids)

@@ -56,9 +56,8 @@ def _logged(trainer, key):
 
 
 def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path, monkeypatch):
-    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
-
     from trl_aspo.infra.prompt_stream import PrioritizedPromptLoop
+    from trl_aspo.infra.worker_stop import SafeStopAsyncRolloutWorker
 
     temporary = tmp_path / "tmp"
     temporary.mkdir()
@@ -66,7 +65,8 @@ def test_trl_worker_trains_syncs_checkpoints_and_resumes(vllm_server, tmp_path, 
     trainer = _trainer(tmp_path, vllm_server.url, max_steps=3, save_strategy="steps", save_steps=2)
     assert isinstance(trainer.weight_transfer, CPUWeightTransfer)  # chosen because the device is a CPU
     assert trainer.weight_transfer.aliases == {"lm_head.weight": "model.embed_tokens.weight"}
-    assert type(trainer.rollout_worker) is AsyncRolloutWorker  # TRL's own worker, spawned at train begin
+    # TRL's own worker, spawned at train begin, with the stop that does not hang on a dead child (infra/worker_stop.py)
+    assert type(trainer.rollout_worker) is SafeStopAsyncRolloutWorker
     assert issubclass(trainer.rollout_worker._loop_cls, PrioritizedPromptLoop)
     trainer.train()
     initial = {name: tensor.float() for name, tensor in load_file(f"{MODEL}/model.safetensors").items()}

@@ -9,7 +9,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["check_completion_budget", "check_prompts_fit", "check_turn_fits", "model_context_length"]
+__all__ = [
+    "check_completion_budget",
+    "check_prompts_fit",
+    "check_turn_fits",
+    "generation_context",
+    "model_context_length",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +48,19 @@ def check_completion_budget(max_completion_length: int, context: int | None, sou
             f"tokens ({source}): prompt and completion share it, and generation past it does not end. Set "
             f"max_completion_length below {context}."
         )
+
+
+def generation_context(max_completion_length: int, served: int | None, served_source: str, config: Any) -> int | None:
+    """The generator's context, checked against `max_completion_length` (`check_completion_budget`): `served` (a
+    vLLM engine's or rollout worker's `max_model_len`, named by `served_source`) when known, else the positions of
+    the model `config` (`model_context_length`)."""
+    if served is not None:
+        context, source = served, served_source
+    else:
+        context = model_context_length(config)
+        source = "the model config's max_position_embeddings times its RoPE scaling factor"
+    check_completion_budget(max_completion_length, context, source)
+    return context
 
 
 def check_prompts_fit(prompt_lengths: list[int], max_completion_length: int, context: int | None, describe) -> None:

@@ -20,7 +20,7 @@ from datasets import IterableDataset
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_aspo.algorithms.advantage_estimators import get_advantage_estimator
-from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit, model_context_length
+from trl_aspo.algorithms.context_length import check_prompts_fit, generation_context
 from trl_aspo.algorithms.filters import zero_variance_groups
 from trl_aspo.algorithms.losses import repetition_rate
 from trl_aspo.algorithms.lr_schedule import per_generation_lr_lambda
@@ -181,23 +181,19 @@ class ASPOTrainer(
         """The generator's context, checked against `max_completion_length` now that the model is loaded: vLLM's
         `max_model_len` (colocate: the engine's; server: what the server reports), else the policy config's positions
         (`model_context_length`)."""
+        served, source = None, ""
         if self.use_vllm and self.vllm_mode == "colocate":
-            context = self.vllm_generation.llm.llm_engine.model_config.max_model_len
-            source = "vLLM's max_model_len"
+            served, source = self.vllm_generation.llm.llm_engine.model_config.max_model_len, "vLLM's max_model_len"
         elif self.use_vllm and self.vllm_mode == "server":
             # Only the main process holds TRL's client; every rank checks its own prompts against the same number.
-            served = (
+            asked = (
                 [served_max_model_len(self.vllm_generation.vllm_client.base_url)]
                 if self.accelerator.is_main_process
                 else [None]
             )
-            context = broadcast_object_list(served, from_process=0)[0]
-            source = "the vLLM server's max_model_len"
-        else:
-            context = model_context_length(self.accelerator.unwrap_model(self.model).config)
-            source = "the model config's max_position_embeddings times its RoPE scaling factor"
-        check_completion_budget(self.max_completion_length, context, source)
-        return context
+            served, source = broadcast_object_list(asked, from_process=0)[0], "the vLLM server's max_model_len"
+        config = self.accelerator.unwrap_model(self.model).config
+        return generation_context(self.max_completion_length, served, source, config)
 
     def _tokenize_prompts(self, prompts: list):
         """TRL's tokenization, then each prompt checked to fit the context with `max_completion_length`."""

@@ -27,7 +27,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import StepIntervalCallback
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 from trl.trainer.utils import get_config_model_id
 
-from trl_aspo.algorithms.context_length import check_completion_budget, model_context_length
+from trl_aspo.algorithms.context_length import generation_context
 from trl_aspo.algorithms.filters import zero_variance_from_std
 from trl_aspo.algorithms.tool_metrics import ToolCallCounter, tool_call_metrics
 from trl_aspo.config.async_config import AsyncASPOConfig, check_sampling_logprobs
@@ -159,12 +159,9 @@ class AsyncASPOTrainer(
         with dropped_log_messages("transformers.trainer_callback", f"You are adding a {StepIntervalCallback}"):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
         # The generator's context (a worker's max_model_len, else the policy's positions) must leave room for a prompt.
-        context = getattr(self.rollout_worker, "max_model_len", None)
-        source = "the rollout worker's max_model_len"
-        if context is None:
-            context = model_context_length(self.accelerator.unwrap_model(self.model).config)
-            source = "the model config's max_position_embeddings times its RoPE scaling factor"
-        check_completion_budget(self.args.max_completion_length, context, source)
+        served = getattr(self.rollout_worker, "max_model_len", None)
+        config = self.accelerator.unwrap_model(self.model).config
+        generation_context(self.args.max_completion_length, served, "the rollout worker's max_model_len", config)
         if cpu_server and self.accelerator.is_main_process:
             policy = self.accelerator.unwrap_model(self.model)
             self.weight_transfer.aliases = tied_parameter_aliases(policy)

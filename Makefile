@@ -50,10 +50,12 @@ quickstart-async: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/trl-aspo train --config configs/smoke.yaml
 
-# The whole suite (tests/unit and tests/integration): a line after each test file (its outcomes, seconds and the
-# count so far), and the 15 slowest tests at the end.
+# The whole suite (tests/unit and tests/integration) in TEST_WORKERS processes (pytest-xdist; a file's tests stay in
+# one process): a line after each test file (its outcomes, seconds and the count so far), the 40 slowest tests at the
+# end. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=40 --file-progress --ignore=tests/sharded --ignore=tests/real_model
+	$(BIN)/python -m pytest -q --durations=40 --file-progress -n $(TEST_WORKERS) --dist loadfile --ignore=tests/sharded --ignore=tests/real_model
 
 # The unit tier only: pure functions and small objects, no training (well under a minute).
 test-fast: $(STAMP)

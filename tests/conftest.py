@@ -95,48 +95,80 @@ def pytest_addoption(parser):
 
 
 class FileProgress:
-    """`--file-progress` (used by `make test`): the suite runs for minutes, and dots alone do not say where it is."""
+    """`--file-progress` (used by `make test`): the suite runs for minutes, and dots alone do not say where it is. A
+    file's line is written once all its tests have reported, so files that pytest-xdist's workers run at the same
+    time (`make test` runs two) each get one line."""
 
-    def __init__(self, reporter, total: int):
-        self.reporter, self.total, self.done = reporter, total, 0
-        self.file, self.started, self.outcomes = None, 0.0, {}
+    def __init__(self, reporter):
+        self.reporter, self.totals, self.done = reporter, {}, 0
+        self.started: dict[str, float] = {}
+        self.outcomes: dict[str, dict[str, int]] = {}
+
+    def expect(self, nodeids) -> None:
+        if self.totals:  # every xdist worker collects the same tests
+            return
+        for nodeid in nodeids:
+            file = nodeid.split("::")[0]
+            self.totals[file] = self.totals.get(file, 0) + 1
 
     def start(self, nodeid: str) -> None:
         import time
 
         file = nodeid.split("::")[0]
-        if file != self.file:
-            self.flush()
-            self.file, self.started, self.outcomes = file, time.monotonic(), {}
+        if file not in self.started:
+            self.started[file] = time.monotonic()
+            self.outcomes.setdefault(file, {})
 
     def report(self, report) -> None:
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-            self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+            file = report.nodeid.split("::")[0]
+            outcomes = self.outcomes.setdefault(file, {})
+            outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
             self.done += 1
+            if sum(outcomes.values()) == self.totals.get(file):
+                self._line(file)
 
     def flush(self) -> None:
+        for file in list(self.outcomes):
+            self._line(file)
+
+    def _line(self, file: str) -> None:
         import time
 
-        if self.file is None:
+        outcomes = self.outcomes.pop(file)
+        if not outcomes:
             return
-        outcomes = ", ".join(f"{count} {outcome}" for outcome, count in sorted(self.outcomes.items()))
+        summary = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
         if self.reporter._tw.width_of_current_line:  # in the middle of a line of dots
             self.reporter.write("\n")
-        self.reporter.write_line(
-            f"[{self.done}/{self.total}] {self.file}: {outcomes} in {time.monotonic() - self.started:.0f} s"
-        )
-        self.file = None
+        seconds = time.monotonic() - self.started.get(file, time.monotonic())
+        self.reporter.write_line(f"[{self.done}/{sum(self.totals.values())}] {file}: {summary} in {seconds:.0f} s")
 
 
 _file_progress: FileProgress | None = None
 
 
+def _progress_for(config) -> FileProgress | None:
+    global _file_progress
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if _file_progress is None and config.getoption("--file-progress") and reporter is not None:
+        _file_progress = FileProgress(reporter)
+    return _file_progress
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
-    global _file_progress
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if session.config.getoption("--file-progress") and reporter is not None:
-        _file_progress = FileProgress(reporter, len(session.items))
+    progress = _progress_for(session.config)
+    if progress is not None and session.items:
+        progress.expect(item.nodeid for item in session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under pytest-xdist the controller collects nothing itself: each worker sends the ids it collected."""
+    progress = _progress_for(node.config)
+    if progress is not None:
+        progress.expect(ids)
 
 
 def pytest_runtest_logstart(nodeid, location):

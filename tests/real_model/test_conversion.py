@@ -72,7 +72,7 @@ def test_the_tokenizer_reloads_with_the_gguf_ids_trls_template_and_four_added_to
         assert ids.input_ids.count(49152) == 1 and ids.input_ids.count(49153) == 1
 
 
-def test_the_weights_are_the_dequantized_gguf_and_new_rows_the_mean_of_their_pieces(
+def test_the_weights_are_the_dequantized_gguf_and_new_rows_typical_rows_apart_from_each_other_and_their_pieces(
     smollm2_dir, gguf_file, gguf_tokenizer
 ):
     from gguf import GGUFReader, dequantize
@@ -84,10 +84,22 @@ def test_the_weights_are_the_dequantized_gguf_and_new_rows_the_mean_of_their_pie
     embeddings = weights["model.embed_tokens.weight"]
     assert embeddings.dtype == torch.float32 and embeddings.shape == (49156, 576)
     assert torch.equal(embeddings[:49152], original)
+    # Each new row lies where N(mean, covariance) of the GGUF's rows puts its draws, computed here in numpy: the squared
+    # Mahalanobis distance of a draw is chi-squared with 576 degrees of freedom (mean 576, sd 34).
+    rows = original.double().numpy()
+    mean = rows.mean(axis=0)
+    precision = np.linalg.inv(np.cov(rows, rowvar=False, bias=True))
+    added = embeddings[49152:].double().numpy()
+    distances = np.einsum("ij,jk,ik->i", added - mean, precision, added - mean)
+    assert np.all((distances > 576 - 5 * 34) & (distances < 576 + 5 * 34)), distances
+    cosine = torch.nn.functional.cosine_similarity
+    tags = embeddings[49152:]
     for index, token in enumerate(smollm2.TOOL_TOKENS):
+        others = torch.cat([tags[:index], tags[index + 1 :]])
+        assert cosine(tags[index][None], others).max() < 0.6
         pieces = gguf_tokenizer(token).input_ids
         assert len(pieces) > 1
-        torch.testing.assert_close(embeddings[49152 + index], original[pieces].mean(dim=0), rtol=0, atol=1e-7)
+        assert cosine(tags[index][None], original[pieces]).max() < 0.6
     # Tied embeddings: the output head is the same matrix (not saved twice).
     assert "lm_head.weight" not in weights
     model, _ = load_builtin(SMOLLM2)

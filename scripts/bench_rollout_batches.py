@@ -18,10 +18,8 @@ repeats cancels out of), with its range.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import queue
 import statistics
 import subprocess
 import sys
@@ -35,61 +33,6 @@ VARIANTS = {
     "k=4 recompute": {"steps_per_rollout_batch": 4, "proximal_policy": "recompute"},
     "k=4 loglinear": {"steps_per_rollout_batch": 4, "proximal_policy": "loglinear"},
 }
-
-
-class VersionStampingQueue(queue.Queue):
-    """Hands out `samples` in a cycle, each stamped with the worker's current model version when taken."""
-
-    def __init__(self, samples, version):
-        super().__init__()
-        self.samples, self.version, self.taken = samples, version, 0
-
-    def get(self, *args, **kwargs):
-        sample = self.samples[self.taken % len(self.samples)]
-        self.taken += 1
-        return dataclasses.replace(sample, model_version=self.version())
-
-    def qsize(self):
-        return len(self.samples)
-
-
-class StreamWorker:
-    """A `RolloutWorkerProtocol` whose queue never waits (`VersionStampingQueue`)."""
-
-    def __init__(self, samples):
-        self.model_version = 0
-        self.rollout_buffer = VersionStampingQueue(samples, lambda: self.model_version)
-        self.metrics_queue = queue.Queue()
-
-    def start(self):
-        pass
-
-    def stop(self):
-        pass
-
-    def update_model_version(self, model_version):
-        self.model_version = model_version
-
-    def check_health(self, stale_after_s):
-        pass
-
-
-class NoWeightTransfer:
-    def init_weight_transfer(self):
-        pass
-
-    def pause(self):
-        pass
-
-    def send_weights(self, iterator):
-        for _ in iterator:
-            pass
-
-    def resume(self):
-        pass
-
-    def destroy(self):
-        pass
 
 
 def stream(model, tokenizer, prompts, batch: int, length: int, seed: int = 0):
@@ -136,7 +79,7 @@ def measure(variant: str, steps: int, warmup: int, batch: int, output_dir: str) 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
     from trl_aspo.builtin import CHECKPOINT_DIR, load_tokenizer
     from trl_aspo.builtin.task import correctness_reward, make_dataset
-    from trl_aspo.infra import install_cpu_fallbacks
+    from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
     install_cpu_fallbacks()
     model_path = str(CHECKPOINT_DIR)
@@ -177,8 +120,8 @@ def measure(variant: str, steps: int, warmup: int, batch: int, output_dir: str) 
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        rollout_worker=StreamWorker(samples),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker(samples, cycle=True, restamp_version=True),
+        weight_transfer=NoOpWeightTransfer(),
         callbacks=[StepEnds()],
     )
     trainer.remove_callback(PrinterCallback)

@@ -41,8 +41,8 @@ its real tokenizer, as `trl_aspo.builtin.smollm2` converts it (49,156 entries: `
 tokenizer files in `scripts/gpu_assets/smollm2_135m/` (3.5 MB; scripts/gpu_assets/copy_smollm2.py copies them from
 the converted folder). The weights are random (seed 0): the real ones (538 MB in float32) cannot reach the GPU machine,
 which takes 64 MiB of carried files and has no network. In bf16 and in fp32, `ASPOTrainer` (through `rollout_func`,
-as above) and `AsyncASPOTrainer` (through `ReplayWorker`, a rollout worker that replays pre-made samples and
-generates nothing) each run one `train()` of `--steps` steps with `loss_type="aspo"`, `tool_shaping=True`,
+as above) and `AsyncASPOTrainer` (through `trl_aspo.infra.replay.ReplayRolloutWorker`, which replays pre-made samples
+and generates nothing) each run one `train()` of `--steps` steps with `loss_type="aspo"`, `tool_shaping=True`,
 `advantage_estimator="spo++"` and one completion per prompt, one trainer at a time. The rows are chat prompts offering
 a calculator tool and completions of the same length as above in the tokenizer's ids, where every other completion
 writes a real `<tool_call>` JSON `</tool_call>` followed by the tool's turn (not generated), so tool detection and
@@ -86,13 +86,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import gc
 import importlib.metadata
 import json
 import math
 import platform
-import queue
 import statistics
 import sys
 import tempfile
@@ -131,6 +129,7 @@ from trl_aspo.algorithms.losses import (
     unflipped_sample_mask,
 )
 from trl_aspo.algorithms.tool_metrics import first_tool_call_positions
+from trl_aspo.infra.replay import NoOpWeightTransfer, ReplayRolloutWorker
 from trl_aspo.infra.tree_attention import TORCH_VARLEN_KERNEL, install_tree_attention_fallback
 from trl_aspo.values.event_tracker import EventValueTracker
 from trl_aspo.values.kl_rho import kl_adaptive_rho, logprob_drift
@@ -583,65 +582,6 @@ def smollm2_samples(tokenizer, rows: list[dict]) -> list[RolloutSample]:
     return samples
 
 
-class ReplayQueue(queue.Queue):
-    """Hands out `samples` in a cycle without waiting, each stamped with the worker's current model version (none is
-    ever stale) and a new group id (each a one-completion group, as spo++ trains)."""
-
-    def __init__(self, samples, version):
-        super().__init__()
-        self.samples, self.version, self.taken = samples, version, 0
-
-    def get(self, *args, **kwargs):
-        sample = self.samples[self.taken % len(self.samples)]
-        self.taken += 1
-        return dataclasses.replace(sample, model_version=self.version(), group_id=self.taken)
-
-    def qsize(self):
-        return len(self.samples)
-
-
-class ReplayWorker:
-    """A rollout worker (TRL's `RolloutWorkerProtocol`) that generates nothing: it replays pre-made samples, so the
-    asynchronous trainer's steps are timed without generation, as `rollout_func` does for the synchronous one."""
-
-    def __init__(self, samples):
-        self.model_version = 0
-        self.rollout_buffer = ReplayQueue(samples, lambda: self.model_version)
-        self.metrics_queue = queue.Queue()
-
-    def start(self):
-        pass
-
-    def stop(self):
-        pass
-
-    def update_model_version(self, model_version):
-        self.model_version = model_version
-
-    def check_health(self, stale_after_s):
-        pass
-
-
-class NoWeightTransfer:
-    """TRL's `WeightTransferProtocol` without an inference server: a publish only reads the weights."""
-
-    def init_weight_transfer(self):
-        pass
-
-    def pause(self):
-        pass
-
-    def send_weights(self, iterator):
-        for _ in iterator:
-            pass
-
-    def resume(self):
-        pass
-
-    def destroy(self):
-        pass
-
-
 def recording_async(trainer_cls):
     """`trainer_cls` (asynchronous) noting the dtype and device of its first loss and of the advantages it trains on
     (TRL's `compute_loss` is the one method that sees both)."""
@@ -661,7 +601,7 @@ def recording_async(trainer_cls):
 
 def build_async_trainer(model_dir, tokenizer, rows, args, completion_length, device, dtype, output_dir):
     """`AsyncASPOTrainer` on the model saved in `model_dir` (it loads its policy from a path), the three methods on,
-    trained on `rows` replayed by a `ReplayWorker`."""
+    trained on `rows` replayed by a `ReplayRolloutWorker`."""
     config = AsyncASPOConfig(
         output_dir=output_dir,
         per_device_train_batch_size=args.batch,
@@ -685,8 +625,10 @@ def build_async_trainer(model_dir, tokenizer, rows, args, completion_length, dev
         args=config,
         train_dataset=Dataset.from_dict({"prompt": [row["messages"] for row in rows]}),
         processing_class=tokenizer,
-        rollout_worker=ReplayWorker(smollm2_samples(tokenizer, rows)),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker(
+            smollm2_samples(tokenizer, rows), cycle=True, restamp_version=True, new_group_ids=True
+        ),
+        weight_transfer=NoOpWeightTransfer(),
     )
     trainer.seen = {}
     for callback in (ProgressCallback, PrinterCallback):

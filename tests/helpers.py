@@ -1,6 +1,6 @@
 """What more than one test module needs, in one place: the config fields of a few fast CPU steps, a dense reward, the
-asynchronous trainer's pieces (built-in checkpoint, tool-calling tokenizer, scripted worker), experiment files for
-`trl-aspo compare`, prioritized-sampling fields, and paths of the repository.
+asynchronous trainer's pieces (built-in checkpoint, tool-calling tokenizer, scripted sample streams), experiment files
+for `trl-aspo compare`, prioritized-sampling fields, and paths of the repository.
 
 Tests import it as `helpers` (tests/conftest.py puts tests/ on sys.path); a configuration that names a reward by
 dotted path uses `tests.helpers.digit_share_reward`. No test module imports another test module. Heavy imports are
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import queue
 import sys
 import textwrap
 from pathlib import Path
@@ -147,9 +146,10 @@ def scripted_samples(tokenizer, versions, groups_of=2, seed=0, prompt_rows=None)
 
 
 def scripted_trainer(trainer_class, args, tokenizer, samples):
-    """`trainer_class` on the built-in checkpoint, trained on `samples` replayed by a `ScriptedWorker`."""
+    """`trainer_class` on the built-in checkpoint, trained on `samples` handed out once each, in order, by a
+    `ReplayRolloutWorker`: both trainers of a comparison see exactly the same stream."""
     from trl_aspo.builtin.task import correctness_reward, make_dataset
-    from trl_aspo.infra import install_cpu_fallbacks
+    from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
     install_cpu_fallbacks()
     return trainer_class(
@@ -158,48 +158,9 @@ def scripted_trainer(trainer_class, args, tokenizer, samples):
         args=args,
         train_dataset=make_dataset("train", 8, seed=0),
         processing_class=tokenizer,
-        rollout_worker=ScriptedWorker(samples),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker(samples),
+        weight_transfer=NoOpWeightTransfer(),
     )
-
-
-class ScriptedWorker:
-    """`RolloutWorkerProtocol` replaying fixed samples: both trainers of a comparison see exactly the same stream."""
-
-    def __init__(self, samples):
-        self.rollout_buffer, self.metrics_queue = queue.Queue(), queue.Queue()
-        for sample in samples:
-            self.rollout_buffer.put(sample)
-
-    def start(self):
-        pass
-
-    def stop(self):
-        pass
-
-    def update_model_version(self, model_version):
-        pass
-
-    def check_health(self, stale_after_s):
-        pass
-
-
-class NoWeightTransfer:
-    def init_weight_transfer(self):
-        pass
-
-    def pause(self):
-        pass
-
-    def send_weights(self, iterator):
-        for _ in iterator:
-            pass
-
-    def resume(self):
-        pass
-
-    def destroy(self):
-        pass
 
 
 def fake_rollout_sample(policy, tokenizer, prompt, length, generator, *, model_version, group_id, reward=None):

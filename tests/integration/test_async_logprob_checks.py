@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import MODEL, NoWeightTransfer, ScriptedWorker, async_fields, calculator_tokenizer, fake_rollout_sample
+from helpers import MODEL, async_fields, calculator_tokenizer, fake_rollout_sample
 
 from trl_aspo.builtin.task import correctness_reward, make_dataset
-from trl_aspo.infra import install_cpu_fallbacks
+from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
 
 def _corrupt(sample, case: str):
@@ -72,7 +72,7 @@ def test_bad_generator_log_probs_drop_their_groups(tmp_path, caplog, correction,
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
-    class ReplayingTRLWorker(ScriptedWorker, AsyncRolloutWorker):
+    class ReplayingTRLWorker(ReplayRolloutWorker, AsyncRolloutWorker):
         """TRL's worker class to the trainer, fixed samples inside."""
 
         def __init__(self, samples):
@@ -93,7 +93,7 @@ def test_bad_generator_log_probs_drop_their_groups(tmp_path, caplog, correction,
         train_dataset=make_dataset("train", 10, seed=0),
         processing_class=tokenizer,
         rollout_worker=ReplayingTRLWorker(_stream(tokenizer)),
-        weight_transfer=NoWeightTransfer(),
+        weight_transfer=NoOpWeightTransfer(),
     )
     taken, get = [], trainer.rollout_queue.get
 

@@ -9,8 +9,6 @@ import pytest
 import torch
 from helpers import (
     MODEL,
-    NoWeightTransfer,
-    ScriptedWorker,
     base_fields,
     calculator_tokenizer,
     losses,
@@ -21,7 +19,7 @@ from helpers import (
 )
 
 from trl_aspo.builtin.task import correctness_reward, make_dataset
-from trl_aspo.infra import install_cpu_fallbacks
+from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
 
 @pytest.fixture(scope="module")
@@ -449,7 +447,7 @@ def test_a_resume_with_trls_worker_numbers_versions_as_async_grpo_does(tmp_path,
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
 
-    class ReplayingTRLWorker(ScriptedWorker, AsyncRolloutWorker):
+    class ReplayingTRLWorker(ReplayRolloutWorker, AsyncRolloutWorker):
         """TRL's worker class to the trainers (so they write and read `rollout_state.json`), fixed samples inside."""
 
         def __init__(self, samples):
@@ -472,7 +470,7 @@ def test_a_resume_with_trls_worker_numbers_versions_as_async_grpo_does(tmp_path,
             train_dataset=make_dataset("train", 8, seed=0),
             processing_class=tokenizer,
             rollout_worker=ReplayingTRLWorker(samples),
-            weight_transfer=NoWeightTransfer(),
+            weight_transfer=NoOpWeightTransfer(),
         )
 
     first = trainer(AsyncGRPOTrainer, AsyncGRPOConfig, 2, samples)
@@ -508,8 +506,8 @@ def test_prompt_id_column_keys_the_tracker_by_the_rows_id(tmp_path, tokenizer):
             args=args,
             train_dataset=train_dataset,
             processing_class=tokenizer,
-            rollout_worker=ScriptedWorker(stream),
-            weight_transfer=NoWeightTransfer(),
+            rollout_worker=ReplayRolloutWorker(stream),
+            weight_transfer=NoOpWeightTransfer(),
         )
 
     trainer = trainer_on(dataset, samples)

@@ -5,10 +5,11 @@ generation ran past the model's positions)."""
 from __future__ import annotations
 
 import pytest
-from helpers import MODEL, NoWeightTransfer, ScriptedWorker, async_fields, calculator_tokenizer
+from helpers import MODEL, async_fields, calculator_tokenizer
 
 from trl_aspo import ASPOTrainer
 from trl_aspo.builtin.task import correctness_reward
+from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker
 
 
 def test_the_synchronous_trainer_refuses_a_budget_beyond_the_context(
@@ -66,8 +67,8 @@ def test_the_asynchronous_trainer_refuses_a_budget_beyond_the_context(tmp_path):
             args=args,
             train_dataset=make_dataset("train", 4, seed=0),
             processing_class=calculator_tokenizer(),
-            rollout_worker=ScriptedWorker([]),
-            weight_transfer=NoWeightTransfer(),
+            rollout_worker=ReplayRolloutWorker([]),
+            weight_transfer=NoOpWeightTransfer(),
         )
 
 

@@ -10,10 +10,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import MODEL, NoWeightTransfer, ScriptedWorker, async_fields, calculator_tokenizer, tiny_run_fields
+from helpers import MODEL, async_fields, calculator_tokenizer, tiny_run_fields
 
 from trl_aspo.algorithms import register_advantage_estimator
 from trl_aspo.algorithms.advantage_estimators import unregister_advantage_estimator
+from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker
 
 GENERATIONS = 4
 BATCH = 8  # two groups: one generation round is one optimizer step in both trainers
@@ -147,8 +148,8 @@ def asynchronous_advantages(tmp_path, samples) -> list[list[float]]:
         args=args,
         train_dataset=make_dataset("train", 16, seed=0),
         processing_class=calculator_tokenizer(),
-        rollout_worker=ScriptedWorker(samples + extra),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker(samples + extra),
+        weight_transfer=NoOpWeightTransfer(),
     )
     steps, score_step = [], trainer._score_step
 
@@ -213,8 +214,8 @@ def test_an_estimator_output_beyond_float32_is_refused_by_the_asynchronous_train
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
-            rollout_worker=ScriptedWorker(samples),
-            weight_transfer=NoWeightTransfer(),
+            rollout_worker=ReplayRolloutWorker(samples),
+            weight_transfer=NoOpWeightTransfer(),
         )
         with pytest.raises(
             ValueError,

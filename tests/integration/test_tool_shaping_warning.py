@@ -36,10 +36,8 @@ def test_synchronous_trainer_warns_without_tools(tiny_model, tiny_tokenizer, cal
 
 
 def _async_trainer(tmp_path, **kwargs):
-    from helpers import NoWeightTransfer, ScriptedWorker
-
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.infra import install_cpu_fallbacks
+    from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
     install_cpu_fallbacks()
     fields = async_fields(tmp_path, per_device_train_batch_size=4, num_generations=2, tool_shaping=True)
@@ -49,8 +47,8 @@ def _async_trainer(tmp_path, **kwargs):
         args=AsyncASPOConfig(**fields),
         train_dataset=make_dataset("train", 8, seed=0),
         processing_class=calculator_tokenizer(),
-        rollout_worker=ScriptedWorker([]),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker([]),
+        weight_transfer=NoOpWeightTransfer(),
         **kwargs,
     )
 

@@ -84,9 +84,8 @@ def test_one_in_flight_needs_one_completion_per_prompt(tmp_path):
 def test_the_runtime_is_refused_with_a_worker_that_has_no_loop_by_name():
     """A worker exposing neither TRL's loop nor the local one cannot hold or count dispatches: refused naming both
     fields and the worker's class."""
-    from helpers import ScriptedWorker
-
     from trl_aspo.infra.prompt_stream import attach_dispatch_control
+    from trl_aspo.infra.replay import ReplayRolloutWorker
 
-    with pytest.raises(TypeError, match=r"max_inflight_per_prompt and drain_on_publish .* got a ScriptedWorker"):
-        attach_dispatch_control(ScriptedWorker([]), DispatchControl(["a", "b"], 1))
+    with pytest.raises(TypeError, match=r"max_inflight_per_prompt and drain_on_publish .* got a ReplayRolloutWorker"):
+        attach_dispatch_control(ReplayRolloutWorker([]), DispatchControl(["a", "b"], 1))

@@ -8,6 +8,8 @@
   old weights' work drained at publish).
 - `varlen_attention` / `install_tree_attention_fallback`: the packed tree attention without the FA3 kernel.
 - `install_cpu_fallbacks()`: the attention kernel and FLOPs lookup only where TRL's originals cannot run.
+- `ReplayRolloutWorker` + `NoOpWeightTransfer`: no generation at all, pre-made samples handed out and weights
+  published nowhere, to time or test the trainer alone (benchmarks, the GPU check, tests).
 
 TRL's own rollout worker against a real vLLM server (vLLM's CPU build on a laptop) needs nothing from here but the
 fallbacks: `AsyncASPOTrainer` syncs weights into it with `trl_aspo.infra.vllm_cpu.CPUWeightTransfer` on a CPU.
@@ -19,6 +21,8 @@ import importlib
 _LAZY = {
     "LocalRolloutWorker": "trl_aspo.infra.local_worker",
     "LocalWeightTransfer": "trl_aspo.infra.local_worker",
+    "NoOpWeightTransfer": "trl_aspo.infra.replay",
+    "ReplayRolloutWorker": "trl_aspo.infra.replay",
     "install_cpu_fallbacks": "trl_aspo.infra.fallbacks",
     "install_tree_attention_fallback": "trl_aspo.infra.tree_attention",
     "load_named_tensors": "trl_aspo.infra.generation",

@@ -38,11 +38,10 @@ def worker_fields(out_dir: str, label: str, overrides: dict) -> dict:
 
 
 def run(out_dir: str, label: str, overrides: dict) -> None:
-    from helpers import NoWeightTransfer, ScriptedWorker
     from transformers import TrainerCallback
 
     from trl_aspo import AsyncASPOConfig, AsyncASPOTrainer
-    from trl_aspo.infra import install_cpu_fallbacks
+    from trl_aspo.infra import NoOpWeightTransfer, ReplayRolloutWorker, install_cpu_fallbacks
 
     install_cpu_fallbacks()
     tokenizer = calculator_tokenizer()
@@ -55,8 +54,8 @@ def run(out_dir: str, label: str, overrides: dict) -> None:
         args=AsyncASPOConfig(**worker_fields(out_dir, label, overrides)),
         train_dataset=make_dataset("train", 4, seed=0),
         processing_class=tokenizer,
-        rollout_worker=ScriptedWorker(samples + spare),
-        weight_transfer=NoWeightTransfer(),
+        rollout_worker=ReplayRolloutWorker(samples + spare),
+        weight_transfer=NoOpWeightTransfer(),
     )
     gradients, shares = {}, []
     compute_loss = trainer.compute_loss

@@ -84,8 +84,8 @@ def test_the_weights_are_the_dequantized_gguf_and_new_rows_typical_rows_apart_fr
     embeddings = weights["model.embed_tokens.weight"]
     assert embeddings.dtype == torch.float32 and embeddings.shape == (49156, 576)
     assert torch.equal(embeddings[:49152], original)
-    # Each new row lies where N(mean, covariance) of the GGUF's rows puts its draws, computed here in numpy: the squared
-    # Mahalanobis distance of a draw is chi-squared with 576 degrees of freedom (mean 576, sd 34).
+    # Each new row lies where N(mean, covariance) of the GGUF's rows puts its draws (computed here in numpy): the
+    # squared Mahalanobis distance of a draw is chi-squared with 576 degrees of freedom (mean 576, sd 34).
     rows = original.double().numpy()
     mean = rows.mean(axis=0)
     precision = np.linalg.inv(np.cov(rows, rowvar=False, bias=True))

@@ -1,7 +1,7 @@
-"""The SmolLM2 recipe (configs/smollm2_calculator.yaml) and its warm start's transcripts, so neither can rot: the
-config trains one step through `trl-aspo train` (on the converted model: the warm start itself takes minutes, and
-the config's own model name is checked by the command's checks), and each transcript renders to a call that TRL's
-parser reads back and that survives TRL's asynchronous worker (it follows its text after a newline)."""
+"""The SmolLM2 recipes (configs/smollm2_calculator.yaml and its asynchronous twin) and the warm start's transcripts,
+so none can rot: each config trains one step through `trl-aspo train` (on the converted model: the warm start itself
+takes minutes, and the config's own model name is checked by the command's checks), and each transcript renders to a
+call that TRL's parser reads back and that survives TRL's asynchronous worker (it follows its text after a newline)."""
 
 from __future__ import annotations
 
@@ -41,13 +41,21 @@ def test_each_transcript_renders_a_call_trl_parses(smollm2_dir):
         assert row["completion"][2]["content"] == f"The answer is {solve(int(a), op, int(b))}."
 
 
+# Each recipe's own batch shape, cut to one step of 2 short completions.
+RECIPES = {
+    "smollm2_calculator.yaml": {"steps_per_generation": "1"},
+    "smollm2_calculator_async.yaml": {"steps_per_rollout_batch": "1"},
+}
+
+
 @pytest.mark.slow
-def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir):
+@pytest.mark.parametrize("config", sorted(RECIPES))
+def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir, config):
     overrides = {
         "model_name_or_path": SMOLLM2,
         "output_dir": str(tmp_path / "out"),
         "max_steps": "1",
-        "steps_per_generation": "1",
+        **RECIPES[config],
         "per_device_train_batch_size": "2",
         "max_completion_length": "16",
         "evaluate_before_after": "false",
@@ -56,7 +64,7 @@ def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir):
     }
     flags = [item for name, value in overrides.items() for item in (f"--{name}", value)]
     result = subprocess.run(
-        [sys.executable, "-m", "trl_aspo.cli.main", "train", "--config", str(CONFIG), *flags],
+        [sys.executable, "-m", "trl_aspo.cli.main", "train", "--config", str(CONFIG.with_name(config)), *flags],
         capture_output=True,
         text=True,
         timeout=900,

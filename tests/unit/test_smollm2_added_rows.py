@@ -9,7 +9,7 @@ from trl_aspo.builtin.smollm2 import sample_rows_like
 
 
 def _rows(count: int) -> torch.Tensor:
-    """`count` rows of a known 3-d normal: mean (1, -2, 0.5), covariance [[4, 1.2, 0], [1.2, 1, -0.3], [0, -0.3, 0.25]]."""
+    """`count` rows of a 3-d normal: mean (1, -2, 0.5), covariance [[4, 1.2, 0], [1.2, 1, -0.3], [0, -0.3, 0.25]]."""
     mean = np.array([1.0, -2.0, 0.5])
     covariance = np.array([[4.0, 1.2, 0.0], [1.2, 1.0, -0.3], [0.0, -0.3, 0.25]])
     return torch.from_numpy(np.random.default_rng(7).multivariate_normal(mean, covariance, size=count))

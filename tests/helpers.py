@@ -445,3 +445,14 @@ def load_script(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
     spec.loader.exec_module(module)
     return module
+
+
+# ------------------------------------------------------------------------------------------------ child processes
+def die_with_parent() -> None:
+    """`preexec_fn` of a server a test starts in its own session: the kernel sends it SIGTERM when the process that
+    started it dies (PR_SET_PDEATHSIG), so a test run killed by a timeout, even by SIGKILL, leaves no server behind."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import die_with_parent  # noqa: E402  (tests/ is on sys.path from the line above)
 
 SERVER_START_TIMEOUT_S = 600
 
@@ -39,7 +40,8 @@ def tokenizer_only_dir(model_dir: Path, target: Path) -> Path:
 
 
 class VLLMServer:
-    """`trl vllm-serve` in its own process group; `stop` ends the whole group."""
+    """`trl vllm-serve` in its own process group; `stop` ends the whole group, and the server ends itself when the
+    test process dies without stopping it (`die_with_parent`)."""
 
     def __init__(self, model_dir: Path, work_dir: Path):
         self.port = free_port()
@@ -66,7 +68,9 @@ class VLLMServer:
             str(tokenizer_only_dir(model_dir, work_dir / "tokenizer")),
         ]
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+            )
 
     def wait_until_healthy(self) -> None:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S

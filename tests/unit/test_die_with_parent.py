@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 from helpers import REPO_ROOT
 
@@ -40,7 +41,7 @@ def _child_outlives_a_killed_parent(preexec: str) -> bool:
             os.kill(child, 0)
         except ProcessLookupError:
             return False
-        if open(f"/proc/{child}/stat").read().split()[2] == "Z":  # exited, not yet reaped by init
+        if Path(f"/proc/{child}/stat").read_text().split()[2] == "Z":  # exited, not yet reaped by init
             return False
         time.sleep(0.1)
     os.kill(child, 9)

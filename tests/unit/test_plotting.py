@@ -211,3 +211,23 @@ def test_the_comparison_stacks_each_timed_variants_own_work_as_a_share_of_the_st
     for total in (0.15, 0.075, 0.175, 0.075, 0.1, 0.025, 0.125):
         assert any(math.isclose(edge, total) for edge in edges), (total, edges)
     assert max(edges) == pytest.approx(0.175)
+
+
+def test_training_curves_of_a_timed_run_end_with_its_regions_stacked_as_shares_of_the_step(tmp_path, saved_figures):
+    plotting.plot_training_curves(timed_history(3), str(tmp_path))
+    (figure,) = saved_figures
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    assert titles[-1] == "trl-aspo's own time, share of the step"
+    shares = [axis for axis in figure.axes if axis.get_title() == titles[-1]][0]
+    assert [text.get_text() for text in shares.get_legend().get_texts()] == [
+        "advantages",
+        "offpolicy_correction",
+        "policy_loss",
+    ]
+    # The top band's upper edge at steps 1-3: all three regions' shares (timing_shares' test above) added.
+    edges = shares.collections[-1].get_paths()[0].vertices[:, 1].tolist()
+    for total in (0.15, 0.075, 0.175):
+        assert any(math.isclose(edge, total) for edge in edges), (total, edges)
+    plotting.plot_training_curves(history(3), str(tmp_path))
+    untimed = saved_figures[-1]
+    assert "trl-aspo's own time, share of the step" not in [axis.get_title() for axis in untimed.axes]

@@ -101,7 +101,8 @@ def plot_training_curves(
     tuple of metrics shares one panel, a line each (the logged ones among them).
 
     The figure's title is `title` (e.g. the config name and its methods) with `heldout`'s before/after accuracy
-    ({"initial": fraction, "final": fraction}, either optional); metrics zero at every step are listed, not drawn."""
+    ({"initial": fraction, "final": fraction}, either optional); metrics zero at every step are listed, not drawn. A
+    run that logged `timing/*` (`log_timing`) gets a last panel: each timed region's share of the step, stacked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,8 +116,10 @@ def plot_training_curves(
         key for key, lines in panels.items() if lines and all(is_constant_zero(p.values()) for p in lines.values())
     ]
     present = [key for key, lines in panels.items() if lines and key not in zero]
-    columns = min(3, max(1, len(present)))
-    rows = max(1, -(-len(present) // columns))
+    timed = any(timing_shares(log_history).values())
+    count = len(present) + timed
+    columns = min(3, max(1, count))
+    rows = max(1, -(-count // columns))
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows + 0.8), squeeze=False)
     for axis, key in zip(axes.flat, present, strict=False):
         for name, points in panels[key].items():
@@ -128,7 +131,14 @@ def plot_training_curves(
         axis.set_xlabel("optimizer step")
         integer_steps(axis)
         axis.grid(alpha=0.3)
-    for axis in list(axes.flat)[len(present) :]:
+    if timed:
+        axis = list(axes.flat)[len(present)]
+        _plot_timing_shares(axis, "", [{"history": log_history}], lambda step: step, smoothing=1)
+        axis.set_title("trl-aspo's own time, share of the step", fontsize=10)
+        axis.set_xlabel("optimizer step")
+        integer_steps(axis)
+        axis.grid(alpha=0.3)
+    for axis in list(axes.flat)[count:]:
         axis.axis("off")
     heading = "; ".join(text for text in (title, heldout_text(heldout)) if text)
     if heading:

@@ -912,7 +912,8 @@ class ASPOFieldsMixin:
         "backward is TRL's), timing/offpolicy_correction_s (the off-policy mask and IS correction, the "
         "asynchronous decoupled objective), the step's wall time timing/step_s, and timing/value_prepass_s once. "
         "On CUDA by CUDA events read at the end of the optimizer step (no added synchronization), elsewhere by "
-        "time.perf_counter; `trl-aspo plot` draws them as a share of the step. False logs none of them (the "
+        "time.perf_counter; `trl-aspo train`'s training_curves.png and `trl-aspo plot` draw them as a share of the "
+        "step. False logs none of them (the "
         "overhead benchmark, scripts/bench_step.py, compares both).",
         independent="acts on every optimizer step of either trainer, whatever else is set",
     )

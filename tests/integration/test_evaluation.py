@@ -123,3 +123,22 @@ def test_evaluation_refuses_a_budget_or_prompt_beyond_the_context():
         evaluate_tool_use(
             model, tokenizer, dataset, correctness_reward, [calculator], max_completion_length=context - 4
         )
+
+
+def test_a_tokenizer_without_a_response_template_is_given_trls_and_parses_the_same_calls():
+    """A tokenizer that `AutoTokenizer` loads from a saved folder (a real model's, e.g. SmolLM2's) has no response
+    template: `trl-aspo train` with `trainer: async` crashed in TRL's `parse_response` evaluating such a model before
+    training. The evaluation adds TRL's template, as TRL's trainers and rollout worker do when given tools."""
+    import copy
+
+    model, tokenizer = load_builtin(TINY_CALCULATOR)
+    bare = copy.deepcopy(tokenizer)
+    bare.response_template = None
+    bare.response_schema = None
+    dataset = make_dataset("test", 6, seed=1)
+    settings = dict(num_samples=2, max_completion_length=64, seed=0)
+    parsed = evaluate_tool_use(model, bare, dataset, correctness_reward, [calculator], **settings)
+    reference = evaluate_tool_use(model, tokenizer, dataset, correctness_reward, [calculator], **settings)
+    assert parsed["tool_call_rate"] > 0
+    assert parsed.pop("records") == reference.pop("records")
+    assert parsed == reference

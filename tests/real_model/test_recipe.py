@@ -58,7 +58,10 @@ def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir, config):
         **RECIPES[config],
         "per_device_train_batch_size": "2",
         "max_completion_length": "16",
-        "evaluate_before_after": "false",
+        # The before/after evaluation on one problem: the asynchronous recipe once crashed there (a tokenizer loaded
+        # from the folder has no response template to parse calls with).
+        "builtin_test_size": "1",
+        "eval_samples_per_problem": "1",
         "save_strategy": "no",
         "plot": "false",
     }
@@ -72,6 +75,8 @@ def test_the_recipe_config_trains_one_step(tmp_path, smollm2_dir, config):
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()
     assert f"Model saved to {tmp_path / 'out'}." in result.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["before"]["num_problems"] == summary["after"]["num_problems"] == 1
 
 
 def test_trainer_async_refuses_use_peft_on_the_command_line_by_name():

@@ -109,7 +109,6 @@ def load_model_and_tokenizer(name: str, device) -> tuple[Any, Any]:
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.chat_template_utils import add_response_schema
 
     from trl_aspo.builtin import is_builtin, is_builtin_tokenizer_dir, load_builtin, load_tokenizer
 
@@ -135,9 +134,6 @@ def load_model_and_tokenizer(name: str, device) -> tuple[Any, Any]:
             else "the Hugging Face Hub (there is no local directory of that name)"
         )
         raise ValueError(f"--model {name!r}: could not load a causal LM and tokenizer from {where}: {error}") from None
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
-        # Tool calls are parsed from generated text with the response template, as GRPOTrainer does with `tools=`.
-        tokenizer = add_response_schema(tokenizer)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from trl.chat_template_utils import parse_response
+from trl.chat_template_utils import add_response_schema, parse_response
 
 from trl_aspo.algorithms.context_length import check_completion_budget, check_prompts_fit, model_context_length
 from trl_aspo.algorithms.shaping import is_correct
@@ -179,6 +179,15 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def with_response_parser(tokenizer):
+    """`tokenizer` able to parse tool calls out of generated ids (`parse_response` needs its response template, or
+    the legacy schema): TRL adds it for a known chat template, as its trainers and rollout worker do when given tools.
+    A tokenizer loaded by `AutoTokenizer` from a saved folder has neither."""
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        tokenizer = add_response_schema(tokenizer)
+    return tokenizer
+
+
 def evaluate_tool_use(
     model: Any,
     tokenizer: Any,
@@ -199,7 +208,8 @@ def evaluate_tool_use(
 
     Args:
         model: A causal LM (in eval mode during the call; its training mode is restored).
-        tokenizer: Its tokenizer, with a chat template supporting tools and a response schema/template set.
+        tokenizer: Its tokenizer, with a chat template supporting tools; without a response template TRL's is added
+            (`with_response_parser`).
         dataset: Rows with a conversational `prompt` column and the columns `reward_fn` needs (e.g. `answer`).
         reward_fn: A TRL-style reward function `(prompts, completions, completion_ids, **columns) -> list[float]`.
         tools: The tool functions, as passed to `GRPOTrainer(tools=...)`.
@@ -220,6 +230,7 @@ def evaluate_tool_use(
         dict per completion.
     """
     rows = [dataset[i] for i in range(len(dataset))]
+    tokenizer = with_response_parser(tokenizer)
     counter = ToolCallCounter(tokenizer, call_opener)
     context = model_context_length(model.config)
     check_completion_budget(max_completion_length, context, "the model config's positions")

@@ -116,7 +116,7 @@ def plot_training_curves(
         key for key, lines in panels.items() if lines and all(is_constant_zero(p.values()) for p in lines.values())
     ]
     present = [key for key, lines in panels.items() if lines and key not in zero]
-    timed = any(timing_shares(log_history).values())
+    timed = _has_timing({"history": log_history})
     count = len(present) + timed
     columns = min(3, max(1, count))
     rows = max(1, -(-count // columns))
